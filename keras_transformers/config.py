@@ -1,0 +1,457 @@
+"""The one configuration schema shared by every family.
+
+A family is a set of values for :class:`TransformerConfig`, not a new class.
+Every field is documented once, here; models derive their `get_config()` from
+this object, so nothing can drift.
+
+Glossary (ours -> paper / Hugging Face):
+
+=====================  ==========================================================
+``vocabulary_size``     vocab_size
+``num_layers``          N / num_hidden_layers / n_layer (encoder stack for seq2seq)
+``num_decoder_layers``  decoder_layers (seq2seq only)
+``hidden_dim``          d_model / hidden_size / n_embd
+``num_heads``           h / num_attention_heads / n_head
+``num_kv_heads``        num_key_value_heads (GQA); None means MHA
+``head_dim``            d_k = d_v / head_dim
+``intermediate_dim``    d_ff / intermediate_size / n_inner
+``max_sequence_length`` max_position_embeddings / n_positions
+``dropout``             P_drop / hidden_dropout_prob / resid_pdrop
+``attention_dropout``   attention_probs_dropout_prob / attn_pdrop
+``norm_epsilon``        layer_norm_eps / rms_norm_eps / layer_norm_epsilon
+``rope_max_wavelength`` rope_theta
+``sliding_window``      sliding_window (Mistral / Mixtral)
+``num_segments``        type_vocab_size (BERT)
+``tie_embeddings``      tie_word_embeddings
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+STACKS = ("decoder", "encoder", "encoder_decoder")
+NORM_POSITIONS = ("pre", "post")
+NORM_TYPES = ("layer", "rms")
+POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "none")
+ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
+DISPATCH_MODES = ("sparse", "dense")
+POOLINGS = ("token", "mean")
+
+
+def _fail(field_name: str, value: Any, expected: str) -> None:
+    raise ValueError(
+        f"Invalid config value `{field_name}={value!r}`: expected {expected}."
+    )
+
+
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(name, value, f"an integer >= {minimum}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and value >= low and (high is None or value < high)
+    if not ok:
+        span = f"in [{low}, {high})" if high is not None else f">= {low}"
+        _fail(name, value, f"a number {span}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(name, value, f"one of {choices}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(name, value, "True or False")
+
+
+class _Group:
+    """Shared `to_dict` / `from_dict` for the frozen config dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, _Group) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{cls.__name__}.from_dict expects a dict. Received: {type(data).__name__}"
+            )
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(
+                f"Unknown {cls.__name__} key(s) {unknown}. Known keys: {sorted(known)}."
+            )
+        kwargs = dict(data)
+        for name, group in _GROUP_FIELDS.get(cls.__name__, {}).items():
+            if kwargs.get(name) is not None:
+                kwargs[name] = group.from_dict(kwargs[name])
+        return cls(**kwargs)
+
+    def replace(self, **changes):
+        """Returns a copy with `changes` applied (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                f"Unknown {type(self).__name__} key(s) {unknown}. Known keys: {sorted(known)}."
+            )
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class MoEConfig(_Group):
+    """Sparse mixture-of-experts feed-forward (Mixtral-style).
+
+    Attributes:
+        num_experts: experts per MoE layer (Mixtral: 8).
+        num_experts_per_token: top-k experts each token is routed to.
+        expert_intermediate_dim: hidden size of each expert; None means the
+            model's `intermediate_dim`.
+        normalize_router_weights: renormalise the top-k router probabilities to
+            sum to one (Mixtral does).
+        router_aux_loss_coef: load-balancing loss coefficient (HF
+            `router_aux_loss_coef`).
+        router_z_loss_coef: router z-loss coefficient (ST-MoE).
+        router_jitter: multiplicative jitter noise on router inputs in training.
+        capacity_factor: expert capacity as a multiple of the even share of
+            tokens; None is dropless.
+        dispatch: "sparse" (grouped matmul; cost scales with top-k) or "dense"
+            (every expert on every token; the reference).
+        every_k_layers: MoE in every k-th layer, dense feed-forward elsewhere.
+        num_shared_experts: always-on experts added to the routed ones.
+    """
+
+    num_experts: int = 8
+    num_experts_per_token: int = 2
+    expert_intermediate_dim: int | None = None
+    normalize_router_weights: bool = True
+    router_aux_loss_coef: float = 0.02
+    router_z_loss_coef: float = 0.0
+    router_jitter: float = 0.0
+    capacity_factor: float | None = None
+    dispatch: str = "sparse"
+    every_k_layers: int = 1
+    num_shared_experts: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("moe.num_experts", self.num_experts, 1)
+        _check_int("moe.num_experts_per_token", self.num_experts_per_token, 1)
+        if self.num_experts_per_token > self.num_experts:
+            _fail(
+                "moe.num_experts_per_token",
+                self.num_experts_per_token,
+                f"at most moe.num_experts={self.num_experts}",
+            )
+        _check_int("moe.expert_intermediate_dim", self.expert_intermediate_dim, 1, True)
+        _check_bool("moe.normalize_router_weights", self.normalize_router_weights)
+        _check_float("moe.router_aux_loss_coef", self.router_aux_loss_coef, 0.0)
+        _check_float("moe.router_z_loss_coef", self.router_z_loss_coef, 0.0)
+        _check_float("moe.router_jitter", self.router_jitter, 0.0, 1.0)
+        if self.capacity_factor is not None:
+            _check_float("moe.capacity_factor", self.capacity_factor, 1e-9)
+        _check_choice("moe.dispatch", self.dispatch, DISPATCH_MODES)
+        _check_int("moe.every_k_layers", self.every_k_layers, 1)
+        _check_int("moe.num_shared_experts", self.num_shared_experts, 0)
+
+
+@dataclass(frozen=True)
+class VisionConfig(_Group):
+    """Image inputs split into patches (ViT).
+
+    Attributes:
+        image_size: input height and width in pixels (square images).
+        patch_size: patch height and width; must divide `image_size`.
+        num_channels: input channels (3 for RGB, 1 for grey).
+        pooling: "token" (class token) or "mean" (mean over patch tokens).
+        class_token: prepend a learned class token.
+    """
+
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    pooling: str = "token"
+    class_token: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("vision.image_size", self.image_size, 1)
+        _check_int("vision.patch_size", self.patch_size, 1)
+        if self.image_size % self.patch_size:
+            _fail(
+                "vision.image_size",
+                self.image_size,
+                f"a multiple of vision.patch_size={self.patch_size}",
+            )
+        _check_int("vision.num_channels", self.num_channels, 1)
+        _check_choice("vision.pooling", self.pooling, POOLINGS)
+        _check_bool("vision.class_token", self.class_token)
+        if self.pooling == "token" and not self.class_token:
+            _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
+class TransformerConfig(_Group):
+    """Hyperparameters of every model in the library.
+
+    Attributes:
+        vocabulary_size: number of token ids (0 for image models).
+        num_layers: transformer blocks (the encoder stack for seq2seq).
+        hidden_dim: model width D.
+        num_heads: attention (query) heads N.
+        intermediate_dim: feed-forward hidden size F.
+        max_sequence_length: longest sequence the model accepts.
+        num_kv_heads: key/value heads K for grouped-query attention; None = MHA.
+        head_dim: per-head size H; None = hidden_dim // num_heads.
+        stacks: "decoder" (causal LM), "encoder" or "encoder_decoder".
+        num_decoder_layers: decoder blocks for "encoder_decoder"; None = num_layers.
+        norm_position: "pre" (x + f(norm(x))) or "post" (norm(x + f(x))).
+        norm_type: "layer" (LayerNorm) or "rms" (RMSNorm).
+        norm_epsilon: epsilon of every norm.
+        final_norm: a norm after the last block (pre-norm stacks).
+        embedding_norm: a norm after the embeddings (BERT).
+        position_embedding: "learned", "sinusoidal", "rotary" or "none".
+        rope_max_wavelength: rotary base (theta).
+        rope_scaling_factor: linear position-interpolation factor for rotary.
+        activation: feed-forward activation: "gelu", "gelu_approximate"
+            (tanh form, GPT-2's gelu_new), "relu" or "silu".
+        gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
+        use_bias: biases in attention and feed-forward projections.
+        tie_embeddings: share input embedding and output projection.
+        scale_embeddings: multiply token embeddings by sqrt(hidden_dim) (2017).
+        num_segments: segment (token type) vocabulary; 0 = none (BERT: 2).
+        sliding_window: attend to at most this many previous tokens; None = all.
+        dropout: dropout on embeddings and every sub-layer output.
+        attention_dropout: dropout on attention probabilities.
+        initializer_range: std of the truncated-normal weight initializer.
+        pad_token_id: id used to pad sequences.
+        bos_token_id: id that starts a sequence (None if unused).
+        eos_token_id: id that ends generation (None if unused).
+        moe: sparse mixture-of-experts group (None = dense feed-forward).
+        vision: image-patch group (None = token inputs).
+    """
+
+    vocabulary_size: int
+    num_layers: int
+    hidden_dim: int
+    num_heads: int
+    intermediate_dim: int
+    max_sequence_length: int = 1024
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    stacks: str = "decoder"
+    num_decoder_layers: int | None = None
+    norm_position: str = "pre"
+    norm_type: str = "layer"
+    norm_epsilon: float = 1e-5
+    final_norm: bool = True
+    embedding_norm: bool = False
+    position_embedding: str = "learned"
+    rope_max_wavelength: float = 10000.0
+    rope_scaling_factor: float = 1.0
+    activation: str = "gelu"
+    gated_feed_forward: bool = False
+    use_bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False
+    num_segments: int = 0
+    sliding_window: int | None = None
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    moe: MoEConfig | None = field(default=None)
+    vision: VisionConfig | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        _check_int("vocabulary_size", self.vocabulary_size, 0 if self.vision else 1)
+        _check_int("num_layers", self.num_layers, 1)
+        _check_int("hidden_dim", self.hidden_dim, 1)
+        _check_int("num_heads", self.num_heads, 1)
+        _check_int("intermediate_dim", self.intermediate_dim, 1)
+        _check_int("max_sequence_length", self.max_sequence_length, 1)
+        _check_int("num_kv_heads", self.num_kv_heads, 1, optional=True)
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            _fail(
+                "num_kv_heads",
+                self.num_kv_heads,
+                f"a divisor of num_heads={self.num_heads}",
+            )
+        _check_int("head_dim", self.head_dim, 1, optional=True)
+        if self.head_dim is None and self.hidden_dim % self.num_heads:
+            _fail(
+                "num_heads",
+                self.num_heads,
+                f"a divisor of hidden_dim={self.hidden_dim} (or set head_dim)",
+            )
+        _check_choice("stacks", self.stacks, STACKS)
+        _check_int("num_decoder_layers", self.num_decoder_layers, 1, optional=True)
+        _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _check_choice("norm_type", self.norm_type, NORM_TYPES)
+        _check_float("norm_epsilon", self.norm_epsilon, 0.0)
+        for name in (
+            "final_norm",
+            "embedding_norm",
+            "gated_feed_forward",
+            "use_bias",
+            "tie_embeddings",
+            "scale_embeddings",
+        ):
+            _check_bool(name, getattr(self, name))
+        _check_choice("position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        _check_float("rope_max_wavelength", self.rope_max_wavelength, 1.0)
+        _check_float("rope_scaling_factor", self.rope_scaling_factor, 1e-9)
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_int("num_segments", self.num_segments, 0)
+        _check_int("sliding_window", self.sliding_window, 1, optional=True)
+        _check_float("dropout", self.dropout, 0.0, 1.0)
+        _check_float("attention_dropout", self.attention_dropout, 0.0, 1.0)
+        _check_float("initializer_range", self.initializer_range, 0.0)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            optional = name != "pad_token_id"
+            _check_int(name, value, 0, optional=optional)
+            if value is not None and self.vocabulary_size and value >= self.vocabulary_size:
+                _fail(name, value, f"< vocabulary_size={self.vocabulary_size}")
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            _fail("moe", self.moe, "a MoEConfig or None")
+        if self.vision is not None and not isinstance(self.vision, VisionConfig):
+            _fail("vision", self.vision, "a VisionConfig or None")
+        if self.rotary and self.resolved_head_dim % 2:
+            _fail("head_dim", self.resolved_head_dim, "an even number with rotary positions")
+
+    # ----------------------------------------------------------- derived values
+    @property
+    def resolved_num_kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_dim // self.num_heads
+
+    @property
+    def resolved_num_decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_embedding == "rotary"
+
+    def moe_layer(self, index: int) -> bool:
+        """Whether block `index` (0-based) of a decoder uses the MoE layer."""
+        return self.moe is not None and (index + 1) % self.moe.every_k_layers == 0
+
+    # ------------------------------------------------------- parameter counting
+    def num_params(self) -> int:
+        """Closed-form parameter count of the model this config describes.
+
+        Counts embeddings, all blocks, norms and the output head (the LM head
+        when untied). No weights are allocated, so this answers for any size.
+        """
+        return self._count(active=False)
+
+    def num_active_params(self) -> int:
+        """Parameters used per token: only `num_experts_per_token` experts of
+        each MoE layer count. Equals `num_params()` for dense models."""
+        return self._count(active=True)
+
+    def _count(self, active: bool) -> int:
+        d, b = self.hidden_dim, self.use_bias
+        norm = d if self.norm_type == "rms" else 2 * d
+        total = 0
+        # Embeddings.
+        if self.vision is not None:
+            v = self.vision
+            total += v.patch_size**2 * v.num_channels * d + d
+            tokens = v.num_patches + int(v.class_token)
+            total += tokens * d + (d if v.class_token else 0)
+        else:
+            total += self.vocabulary_size * d
+            if self.position_embedding == "learned":
+                total += self.max_sequence_length * d
+        total += self.num_segments * d
+        if self.embedding_norm:
+            total += norm
+        # Blocks.
+        attention = self._attention_params()
+        if self.stacks == "encoder_decoder":
+            encoder = self.num_layers * (attention + self._ffn_params() + 2 * norm)
+            decoder = self.resolved_num_decoder_layers * (
+                2 * attention + self._ffn_params() + 3 * norm
+            )
+            total += encoder + decoder
+            if self.final_norm:
+                total += 2 * norm
+        else:
+            for i in range(self.num_layers):
+                total += attention + 2 * norm
+                total += self._moe_params(active) if self.moe_layer(i) else self._ffn_params()
+            if self.final_norm:
+                total += norm
+        # Output head.
+        if self.vocabulary_size and not self.tie_embeddings:
+            total += self.vocabulary_size * d
+        return total
+
+    def _attention_params(self) -> int:
+        d, h = self.hidden_dim, self.resolved_head_dim
+        q = self.num_heads * h
+        kv = self.resolved_num_kv_heads * h
+        weights = d * q + 2 * d * kv + q * d
+        biases = (q + 2 * kv + d) if self.use_bias else 0
+        return weights + biases
+
+    def _ffn_params(self, intermediate: int | None = None) -> int:
+        d, f = self.hidden_dim, intermediate or self.intermediate_dim
+        if self.gated_feed_forward:
+            return 3 * d * f + ((2 * f + d) if self.use_bias else 0)
+        return 2 * d * f + ((f + d) if self.use_bias else 0)
+
+    def _moe_params(self, active: bool) -> int:
+        moe = self.moe
+        expert = self._ffn_params(moe.expert_intermediate_dim)
+        experts = moe.num_experts_per_token if active else moe.num_experts
+        router = self.hidden_dim * moe.num_experts
+        return router + (experts + moe.num_shared_experts) * expert
+
+    def __repr__(self) -> str:
+        changed = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default
+        }
+        inner = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+        return f"TransformerConfig({inner})"
+
+
+_GROUP_FIELDS = {"TransformerConfig": {"moe": MoEConfig, "vision": VisionConfig}}
+
+
+def human_count(n: int) -> str:
+    """Formats a parameter count: 124439808 -> '124.4M'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.{1 if n < 100 * size else 0}f}{unit}"
+    return str(n)
+
+
+__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig", "human_count"]

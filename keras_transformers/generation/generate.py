@@ -1,0 +1,243 @@
+"""Generation for causal LMs: one compiled decode loop over a preallocated
+KV cache, the same `call()` as training.
+
+Prompts are right-padded to a bucketed length. One forward pass over the
+whole buffer fills the cache; the loop then produces position `i` from
+position `i - 1`, keeping prompt tokens where a row's prompt is longer than
+the shortest one. Shapes are static, so XLA compiles the loop once per
+bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_transformers.backend import compile_function
+from keras_transformers.generation.sampling import SamplerSpec, next_token
+
+BUCKET = 32
+
+
+def _prompt_rows(model, prompts):
+    """Normalises prompts to a list of id lists; returns (rows, was_text, single)."""
+    single = isinstance(prompts, str)
+    if single:
+        prompts = [prompts]
+    if isinstance(prompts, dict):
+        ids = np.asarray(ops.convert_to_numpy(prompts["token_ids"]))
+        mask = prompts.get("padding_mask")
+        mask = np.ones_like(ids, bool) if mask is None else np.asarray(ops.convert_to_numpy(mask)).astype(bool)
+        return [list(r[m]) for r, m in zip(ids, mask)], False, False
+    if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], str):
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError(
+                "Text prompts need a tokenizer: pass token ids, or attach one with "
+                "`model.tokenizer = ...` (presets saved with a tokenizer restore it)."
+            )
+        return [list(model.tokenizer.encode(p)) for p in prompts], True, single
+    array = prompts if isinstance(prompts, (list, tuple)) else ops.convert_to_numpy(prompts)
+    if isinstance(array, np.ndarray) and array.ndim == 1:
+        array = array[None]
+        single = True
+    rows = [list(np.asarray(r).reshape(-1)) for r in array]
+    return rows, False, single
+
+
+def _check_rows(rows, config, total):
+    if not rows:
+        raise ValueError("`prompts` is empty: pass at least one prompt.")
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"Prompt {i} is empty: generation needs at least one token (e.g. a BOS id).")
+        bad = [t for t in row if not 0 <= int(t) < config.vocabulary_size]
+        if bad:
+            raise ValueError(
+                f"Prompt {i} contains id {int(bad[0])}, outside [0, vocabulary_size="
+                f"{config.vocabulary_size}). Check that the tokenizer matches the model."
+            )
+    if total > config.max_sequence_length:
+        raise ValueError(
+            f"Prompt length {max(map(len, rows))} plus max_new_tokens needs {total} positions, "
+            f"more than max_sequence_length={config.max_sequence_length}. "
+            "Shorten the prompt or lower `max_new_tokens`."
+        )
+
+
+def _stop_ids(model, stop_token_ids):
+    if stop_token_ids == "auto":
+        eos = model.config.eos_token_id
+        if eos is None and getattr(model, "tokenizer", None) is not None:
+            eos = getattr(model.tokenizer, "eos_token_id", None)
+        return () if eos is None else (int(eos),)
+    if stop_token_ids is None:
+        return ()
+    return tuple(int(t) for t in stop_token_ids)
+
+
+def _step_fn(model, spec, stop_ids, pad_id):
+    """The loop body: produce position `index` for every row."""
+    stop = None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
+
+    def step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms):
+        batch = token_ids.shape[0]
+        previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # [B, 1]
+        logits, cache = model.call_with_cache(previous, cache, index - 1)  # [B, 1, V]
+        uniform = ops.take(uniforms, index, axis=0)  # [B]
+        sampled = next_token(logits[:, 0, :], uniform, spec)  # [B]
+        in_prompt = ops.slice(prompt_mask, (0, index), (batch, 1))[:, 0]
+        current = ops.slice(token_ids, (0, index), (batch, 1))[:, 0]
+        token = ops.where(in_prompt, current, ops.where(done, pad_id, sampled))
+        new = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
+        token_ids = ops.slice_update(token_ids, (0, index), token[:, None])
+        generated = ops.slice_update(generated, (0, index), new[:, None])
+        finished = index + 1 >= limits
+        if stop is not None:
+            hit = ops.any(token[:, None] == stop[None, :], axis=-1)
+            finished = ops.logical_or(finished, ops.logical_and(new, hit))
+        done = ops.logical_or(done, ops.logical_and(finished, ops.logical_not(in_prompt)))
+        return index + 1, token_ids, cache, done, generated
+
+    return step
+
+
+def _prefill(model, token_ids):
+    batch, length = token_ids.shape
+    cache = model.backbone.init_cache(batch, length)
+    _, cache = model.backbone(token_ids, cache=cache, cache_index=0)
+    return cache
+
+
+def _loop_fn(model, spec, stop_ids, pad_id):
+    step = _step_fn(model, spec, stop_ids, pad_id)
+
+    def run(token_ids, prompt_mask, limits, uniforms, start, end):
+        cache = _prefill(model, token_ids)
+        done = ops.zeros((token_ids.shape[0],), "bool")
+        generated = ops.zeros(token_ids.shape, "bool")
+
+        def cond(index, token_ids, cache, done, generated):
+            return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
+
+        def body(index, token_ids, cache, done, generated):
+            return step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms)
+
+        state = ops.while_loop(cond, body, (start, token_ids, cache, done, generated))
+        return state[1], state[4]
+
+    return run
+
+
+def generate(
+    model,
+    prompts,
+    max_new_tokens: int = 32,
+    sampler: str = "greedy",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_token_ids="auto",
+    seed: int | None = None,
+    stream=None,
+):
+    """Generates continuations of `prompts` with a causal LM.
+
+    Args:
+        model: a `CausalLM` (e.g. `GPTCausalLM`).
+        prompts: a string or list of strings (needs `model.tokenizer`), a
+            list of id lists of different lengths, a `[B, T]` id array, or a
+            dict with `token_ids` and `padding_mask` (right padding).
+        max_new_tokens: tokens to add to each prompt at most.
+        sampler: "greedy", "random", "top_k" or "top_p".
+        temperature: softmax temperature for the random samplers.
+        top_k: k for "top_k" (giving `top_k` alone selects it).
+        top_p: nucleus mass for "top_p" (giving `top_p` alone selects it).
+        stop_token_ids: ids that end a row ("auto": the config's or the
+            tokenizer's end token; None: never stop early). The stop token is
+            kept in the output.
+        seed: seed of the random samplers (same tokens on every backend).
+        stream: optional callable `stream(tokens)` called after every step
+            with a `[B]` int array of the new tokens (-1 where a row produced
+            none). Streaming runs the compiled step in a Python loop.
+
+    Returns:
+        For text prompts, the prompt plus completion as strings (a single
+        string for a single prompt); otherwise a `[B, T_out]` int32 NumPy
+        array: each prompt followed by its completion, padded with
+        `pad_token_id`.
+    """
+    if sampler == "greedy" and top_k is not None:
+        sampler = "top_k"
+    if sampler == "greedy" and top_p is not None:
+        sampler = "top_p"
+    spec = SamplerSpec(sampler, float(temperature), top_k, top_p)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be a positive integer. Received: {max_new_tokens!r}")
+    config = model.config
+    rows, was_text, single = _prompt_rows(model, prompts)
+    lengths = np.array([len(r) for r in rows])
+    total = int(lengths.max()) + max_new_tokens
+    _check_rows(rows, config, total)
+    length = min(-(-total // BUCKET) * BUCKET, config.max_sequence_length)
+    batch, pad_id = len(rows), config.pad_token_id
+    token_ids = np.full((batch, length), pad_id, "int32")
+    prompt_mask = np.zeros((batch, length), bool)
+    for i, row in enumerate(rows):
+        token_ids[i, : len(row)] = row
+        prompt_mask[i, : len(row)] = True
+    limits = (lengths + max_new_tokens).astype("int32")
+    uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
+    stop_ids = _stop_ids(model, stop_token_ids)
+    start, end = int(lengths.min()), total
+    args = [token_ids, prompt_mask, limits, uniforms]
+    args = [ops.convert_to_tensor(a) for a in args]
+    if stream is None:
+        fn = _compiled(model, "loop", spec, stop_ids, lambda: _loop_fn(model, spec, stop_ids, pad_id))
+        out_ids, generated = fn(*args, ops.convert_to_tensor(start, "int32"), ops.convert_to_tensor(end, "int32"))
+    else:
+        out_ids, generated = _stream(model, spec, stop_ids, pad_id, args, start, end, stream)
+    return _finish(model, np.asarray(ops.convert_to_numpy(out_ids)), np.asarray(ops.convert_to_numpy(generated)), prompt_mask, was_text, single)
+
+
+def _compiled(model, kind, spec, stop_ids, make):
+    """Compiled functions are kept on the model, one per sampler setting."""
+    store = model.__dict__.setdefault("_generate_functions", {})
+    key = (kind, spec, stop_ids)
+    if key not in store:
+        store[key] = compile_function(make(), model.variables)
+    return store[key]
+
+
+def _stream(model, spec, stop_ids, pad_id, args, start, end, callback):
+    token_ids, prompt_mask, limits, uniforms = args
+    step = _step_fn(model, spec, stop_ids, pad_id)
+    prefill = _compiled(model, "prefill", None, (), lambda: lambda ids: _prefill(model, ids))
+    step_c = _compiled(model, "step", spec, stop_ids, lambda: step)
+    cache = prefill(token_ids)
+    done = ops.zeros((token_ids.shape[0],), "bool")
+    generated = ops.zeros(token_ids.shape, "bool")
+    index = ops.convert_to_tensor(start, "int32")
+    for i in range(start, end):
+        index, token_ids, cache, done, generated = step_c(
+            index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
+        )
+        new = np.asarray(ops.convert_to_numpy(generated[:, i]))
+        tokens = np.where(new, np.asarray(ops.convert_to_numpy(token_ids[:, i])), -1)
+        if new.any():
+            callback(tokens)
+        if bool(np.asarray(ops.convert_to_numpy(ops.all(done)))):
+            break
+    return token_ids, generated
+
+
+def _finish(model, token_ids, generated, prompt_mask, was_text, single):
+    keep = np.logical_or(generated, prompt_mask)
+    rows = [row[k] for row, k in zip(token_ids, keep)]
+    if was_text:
+        texts = [model.tokenizer.decode(r.tolist()) for r in rows]
+        return texts[0] if single else texts
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width), model.config.pad_token_id, "int32")
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

@@ -1,0 +1,24 @@
+"""Reusable transformer layers; each serializes completely via `get_config()`."""
+
+from keras_transformers.layers.attention import MultiHeadAttention
+from keras_transformers.layers.block import TransformerBlock
+from keras_transformers.layers.embeddings import TokenEmbedding
+from keras_transformers.layers.feed_forward import FeedForward, make_norm
+from keras_transformers.layers.masks import attention_mask
+from keras_transformers.layers.positions import (
+    PositionEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionEncoding,
+)
+
+__all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionEncoding",
+    "TokenEmbedding",
+    "TransformerBlock",
+    "attention_mask",
+    "make_norm",
+]

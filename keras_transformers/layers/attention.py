@@ -1,0 +1,238 @@
+"""Multi-head and grouped-query attention with an optional KV cache.
+
+Shape letters: B batch, T query length, S key length, D model width,
+N query heads, K key/value heads, G = N // K query heads per KV head,
+H head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformers.layers.masks import attention_mask
+from keras_transformers.layers.positions import RotaryEmbedding
+from keras_transformers.layers.serializable import serializable
+
+
+@serializable
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head (MHA) or grouped-query (GQA) attention, self or cross.
+
+    One `call()` serves training, full-sequence inference and cached
+    decoding. Keys and values are never repeated to match the query heads:
+    the fused path hands K/V heads to `keras.ops.dot_product_attention`
+    (native GQA on JAX), and the explicit path groups the query heads.
+
+    Args:
+        num_heads: N, query heads.
+        head_dim: H, size of each head.
+        num_kv_heads: K, key/value heads (must divide N). Defaults to N (MHA).
+        output_dim: width of the output; defaults to the query width D.
+        use_bias: biases on the projections. Defaults to True.
+        dropout: dropout rate on attention probabilities.
+        causal: mask future keys (decoder self-attention).
+        sliding_window: attend only to this many most recent positions.
+        rope_max_wavelength: if set, rotary positions with this base are
+            applied to queries and keys (see `process_heads`).
+        rope_scaling_factor: rotary position interpolation factor.
+        fused: use `keras.ops.dot_product_attention`. None (default) picks
+            it whenever attention dropout is inactive.
+        kernel_initializer: initializer of the projection kernels.
+
+    Call arguments:
+        query: `[B, T, D]`.
+        key_value: `[B, S, D]` for cross-attention; None for self-attention.
+        key_padding_mask: `[B, S]`, True/1 where the key is real. With a
+            self-attention cache, S is the cache length.
+        cache: for self-attention, `[B, 2, S_max, K, H]` keys and values of
+            earlier positions, updated at `cache_index`; for cross-attention
+            (no `cache_index`), the projected encoder keys and values from
+            `project_key_value`.
+        cache_index: position of the first query token in the cache (scalar).
+        positions: `[T]` or `[B, T]` rotary positions; defaults to
+            `cache_index + arange(T)`.
+        training: dropout switch.
+
+    Returns:
+        `[B, T, output_dim]`, or `(output, cache)` when `cache` is given.
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, causal=True)
+    >>> layer(keras.ops.ones((2, 5, 32))).shape
+    (2, 5, 32)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        num_kv_heads=None,
+        output_dim=None,
+        use_bias=True,
+        dropout=0.0,
+        causal=False,
+        sliding_window=None,
+        rope_max_wavelength=None,
+        rope_scaling_factor=1.0,
+        fused=None,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        num_kv_heads = num_kv_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                "`num_heads` must be a multiple of `num_kv_heads`. "
+                f"Received: num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+            )
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.output_dim = output_dim
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.causal = causal
+        self.sliding_window = sliding_window
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.fused = fused
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.rotary = None
+        if rope_max_wavelength is not None:
+            self.rotary = RotaryEmbedding(
+                rope_max_wavelength, rope_scaling_factor, dtype=self.dtype_policy, name="rotary"
+            )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _projection(self, name, heads):
+        return keras.layers.EinsumDense(
+            "btd,dnh->btnh",
+            output_shape=(None, heads, self.head_dim),
+            bias_axes="nh" if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, key_value_shape=None):
+        key_value_shape = key_value_shape or query_shape
+        self.query_dense = self._projection("query", self.num_heads)
+        self.key_dense = self._projection("key", self.num_kv_heads)
+        self.value_dense = self._projection("value", self.num_kv_heads)
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_value_shape)
+        self.value_dense.build(key_value_shape)
+        out_dim = self.output_dim or query_shape[-1]
+        self.output_dense = keras.layers.EinsumDense(
+            "btnh,nhd->btd",
+            output_shape=(None, out_dim),
+            bias_axes="d" if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.output_dense.build((None, None, self.num_heads, self.head_dim))
+        self.built = True
+
+    # ------------------------------------------------------------ extension
+    def process_heads(self, query, key, positions):
+        """Hook applied to `query [B, T, N, H]` and `key [B, T, K, H]` before
+        attention; rotary positions by default. Override to plug in other
+        relative-position schemes."""
+        if self.rotary is None:
+            return query, key
+        return self.rotary(query, positions), self.rotary(key, positions)
+
+    def project_key_value(self, key_value):
+        """Projects `[B, S, D]` encoder states once into a `[B, 2, S, K, H]`
+        cross-attention cache."""
+        return ops.stack([self.key_dense(key_value), self.value_dense(key_value)], axis=1)
+
+    # ----------------------------------------------------------------- call
+    def call(
+        self,
+        query,
+        key_value=None,
+        key_padding_mask=None,
+        cache=None,
+        cache_index=None,
+        positions=None,
+        training=None,
+    ):
+        self_attention = key_value is None
+        q = self.query_dense(query)  # [B, T, N, H]
+        if cache is not None and cache_index is None:  # static cross-attention cache
+            k, v = cache[:, 0], cache[:, 1]  # [B, S, K, H]
+        else:
+            source = query if self_attention else key_value
+            k, v = self.key_dense(source), self.value_dense(source)  # [B, S, K, H]
+        offset = 0 if cache_index is None else cache_index
+        if self_attention:
+            if positions is None:
+                positions = ops.arange(ops.shape(query)[1]) + offset
+            q, k = self.process_heads(q, k, positions)
+        if cache is not None and cache_index is not None:
+            update = ops.stack([k, v], axis=1)  # [B, 2, T, K, H]
+            cache = ops.slice_update(cache, (0, 0, cache_index, 0, 0), ops.cast(update, cache.dtype))
+            k, v = cache[:, 0], cache[:, 1]  # [B, S_max, K, H]
+        causal = self.causal and self_attention
+        use_is_causal = causal and cache is None and key_padding_mask is None and self.sliding_window is None
+        mask = None
+        if not use_is_causal:
+            mask = attention_mask(
+                ops.shape(q)[1],
+                ops.shape(k)[1],
+                key_padding_mask=key_padding_mask,
+                causal=causal,
+                sliding_window=self.sliding_window if causal else None,
+                query_offset=offset,
+            )
+        out = self._attend(q, k, v, mask, use_is_causal, training)  # [B, T, N, H]
+        out = self.output_dense(out)  # [B, T, D]
+        return out if cache is None else (out, cache)
+
+    def _attend(self, q, k, v, mask, is_causal, training):
+        scale = 1.0 / math.sqrt(self.head_dim)
+        dropout_active = self.dropout > 0 and bool(training)
+        fused = (not dropout_active) if self.fused is None else self.fused
+        if fused and not dropout_active:
+            return ops.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=is_causal)
+        return self._attend_grouped(q, k, v, mask, is_causal, scale, training)
+
+    def _attend_grouped(self, q, k, v, mask, is_causal, scale, training):
+        """Explicit attention, float32 softmax, K/V never repeated."""
+        b, t = ops.shape(q)[0], ops.shape(q)[1]
+        s = ops.shape(k)[1]
+        groups = self.num_heads // self.num_kv_heads
+        q = ops.reshape(q, (b, t, self.num_kv_heads, groups, self.head_dim))  # [B,T,K,G,H]
+        logits = ops.einsum("btkgh,bskh->bkgts", q, k)  # [B, K, G, T, S]
+        logits = ops.cast(logits, "float32") * scale
+        if is_causal:
+            mask = attention_mask(t, s, causal=True)
+        if mask is not None:
+            logits = ops.where(mask[:, :, None], logits, -1e9)  # mask [B|1, 1, 1, T, S]
+        probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
+        probs = self.dropout_layer(probs, training=training)
+        out = ops.einsum("bkgts,bskh->btkgh", probs, v)  # [B, T, K, G, H]
+        return ops.reshape(out, (b, t, self.num_heads, self.head_dim))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            num_kv_heads=self.num_kv_heads,
+            output_dim=self.output_dim,
+            use_bias=self.use_bias,
+            dropout=self.dropout,
+            causal=self.causal,
+            sliding_window=self.sliding_window,
+            rope_max_wavelength=self.rope_max_wavelength,
+            rope_scaling_factor=self.rope_scaling_factor,
+            fused=self.fused,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+        )
+        return config

@@ -1,0 +1,222 @@
+"""The transformer block shared by every family."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_transformers.layers.attention import MultiHeadAttention
+from keras_transformers.layers.feed_forward import FeedForward, make_norm
+from keras_transformers.layers.serializable import serializable
+
+
+@serializable
+class TransformerBlock(keras.layers.Layer):
+    """Self-attention, optional cross-attention, then a feed-forward (or MoE).
+
+    Pre-norm:  `x = x + drop(f(norm(x)))`;  post-norm: `x = norm(x + drop(f(x)))`
+    for each sub-layer f. The placement of the norm is the only branch.
+
+    Args:
+        num_heads: N, query heads.
+        intermediate_dim: F, feed-forward hidden size.
+        num_kv_heads: K, key/value heads (GQA). Defaults to N.
+        head_dim: H. Defaults to D // N.
+        norm_position: "pre" or "post".
+        norm_type: "layer" or "rms".
+        norm_epsilon: epsilon of the norms.
+        activation: feed-forward activation name.
+        gated: gated (GLU) feed-forward.
+        use_bias: biases in attention and feed-forward projections.
+        dropout: dropout on each sub-layer output.
+        attention_dropout: dropout on attention probabilities.
+        causal: causal self-attention (decoders).
+        cross_attention: add an encoder-decoder attention sub-layer.
+        sliding_window: local causal attention span.
+        rope_max_wavelength: rotary base; None for no rotary positions.
+        rope_scaling_factor: rotary position interpolation.
+        feed_forward: a layer that replaces the dense feed-forward (e.g.
+            `SparseMoE`); it maps `[B, T, D]` to `[B, T, D]` and may accept
+            `padding_mask` and `training`.
+        kernel_initializer: initializer of all kernels.
+
+    Call arguments:
+        x: `[B, T, D]`.
+        padding_mask: `[B, T]` (or `[B, S_max]` with a cache), 1 for real tokens.
+        encoder_outputs: `[B, S, D]` for cross-attention.
+        encoder_padding_mask: `[B, S]`.
+        cache: `[B, 2, S_max, K, H]` self-attention cache.
+        cache_index: position of the first token of `x` in the cache.
+        cross_cache: `[B, 2, S, K, H]` projected encoder keys and values.
+        training: dropout switch.
+
+    Returns:
+        `[B, T, D]`, or `(output, cache)` when `cache` is given.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        num_kv_heads=None,
+        head_dim=None,
+        norm_position="pre",
+        norm_type="layer",
+        norm_epsilon=1e-5,
+        activation="gelu",
+        gated=False,
+        use_bias=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        causal=False,
+        cross_attention=False,
+        sliding_window=None,
+        rope_max_wavelength=None,
+        rope_scaling_factor=1.0,
+        feed_forward=None,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"`norm_position` must be 'pre' or 'post'. Received: {norm_position!r}")
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.norm_position = norm_position
+        self.norm_type = norm_type
+        self.norm_epsilon = norm_epsilon
+        self.activation = activation
+        self.gated = gated
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.causal = causal
+        self.cross_attention = cross_attention
+        self.sliding_window = sliding_window
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        if isinstance(feed_forward, dict):
+            feed_forward = keras.layers.deserialize(feed_forward)
+        self.feed_forward = feed_forward
+
+    def build(self, input_shape, encoder_shape=None):
+        dim = input_shape[-1]
+        head_dim = self.head_dim or dim // self.num_heads
+        common = dict(
+            num_heads=self.num_heads,
+            head_dim=head_dim,
+            num_kv_heads=self.num_kv_heads,
+            use_bias=self.use_bias,
+            dropout=self.attention_dropout,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+        )
+        norm = lambda name: make_norm(self.norm_type, self.norm_epsilon, self.dtype_policy, name)  # noqa: E731
+        self.self_attention = MultiHeadAttention(
+            causal=self.causal,
+            sliding_window=self.sliding_window,
+            rope_max_wavelength=self.rope_max_wavelength,
+            rope_scaling_factor=self.rope_scaling_factor,
+            name="self_attention",
+            **common,
+        )
+        self.self_attention.build(input_shape)
+        self.self_attention_norm = norm("self_attention_norm")
+        self.self_attention_norm.build(input_shape)
+        if self.cross_attention:
+            self.cross_attention_layer = MultiHeadAttention(name="cross_attention", **common)
+            self.cross_attention_layer.build(input_shape, encoder_shape or input_shape)
+            self.cross_attention_norm = norm("cross_attention_norm")
+            self.cross_attention_norm.build(input_shape)
+        if self.feed_forward is None:
+            self.feed_forward = FeedForward(
+                self.intermediate_dim,
+                activation=self.activation,
+                gated=self.gated,
+                use_bias=self.use_bias,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name="feed_forward",
+            )
+        self.feed_forward.build(input_shape)
+        self.feed_forward_norm = norm("feed_forward_norm")
+        self.feed_forward_norm.build(input_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def _residual(self, x, norm, sublayer, training):
+        """One residual sub-layer; the norm placement is the only branch."""
+        if self.norm_position == "pre":
+            return x + self.dropout_layer(sublayer(norm(x)), training=training)
+        return norm(x + self.dropout_layer(sublayer(x), training=training))
+
+    def call(
+        self,
+        x,
+        padding_mask=None,
+        encoder_outputs=None,
+        encoder_padding_mask=None,
+        cache=None,
+        cache_index=None,
+        cross_cache=None,
+        training=None,
+    ):
+        new_cache = []
+
+        def attend(h):
+            out = self.self_attention(
+                h, key_padding_mask=padding_mask, cache=cache, cache_index=cache_index, training=training
+            )
+            if cache is None:
+                return out
+            new_cache.append(out[1])
+            return out[0]
+
+        x = self._residual(x, self.self_attention_norm, attend, training)
+        if self.cross_attention:
+            cross = lambda h: self.cross_attention_layer(  # noqa: E731
+                h,
+                key_value=encoder_outputs,
+                key_padding_mask=encoder_padding_mask,
+                cache=cross_cache,
+                training=training,
+            )
+            x = self._residual(x, self.cross_attention_norm, cross, training)
+        ff_kwargs = {"training": training}
+        if getattr(self.feed_forward, "accepts_padding_mask", False):
+            ff_kwargs["padding_mask"] = padding_mask
+        x = self._residual(x, self.feed_forward_norm, lambda h: self.feed_forward(h, **ff_kwargs), training)
+        return x if cache is None else (x, new_cache[0])
+
+    def compute_output_shape(self, input_shape, *args, **kwargs):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        custom_ff = self.feed_forward is not None and not (
+            isinstance(self.feed_forward, FeedForward) and self.feed_forward.name == "feed_forward"
+        )
+        config.update(
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            norm_position=self.norm_position,
+            norm_type=self.norm_type,
+            norm_epsilon=self.norm_epsilon,
+            activation=self.activation,
+            gated=self.gated,
+            use_bias=self.use_bias,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            causal=self.causal,
+            cross_attention=self.cross_attention,
+            sliding_window=self.sliding_window,
+            rope_max_wavelength=self.rope_max_wavelength,
+            rope_scaling_factor=self.rope_scaling_factor,
+            feed_forward=keras.layers.serialize(self.feed_forward) if custom_ff else None,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+        )
+        return config

@@ -1,0 +1,121 @@
+"""Position-wise feed-forward networks: plain and gated (GLU, e.g. SwiGLU)."""
+
+from __future__ import annotations
+
+import keras
+
+
+from keras_transformers.layers.serializable import serializable
+
+_ACTIVATIONS = {
+    "gelu": lambda x: keras.activations.gelu(x, approximate=False),
+    "gelu_approximate": lambda x: keras.activations.gelu(x, approximate=True),
+    "relu": keras.activations.relu,
+    "silu": keras.activations.silu,
+}
+
+
+def activation_fn(name: str):
+    """Returns the activation function for a config name (see ACTIVATIONS)."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"Unknown activation {name!r}. Expected one of {sorted(_ACTIVATIONS)}.")
+    return _ACTIVATIONS[name]
+
+
+@serializable
+class FeedForward(keras.layers.Layer):
+    """Two-layer feed-forward network, optionally gated.
+
+    plain: `out(act(inner(x)))`; gated: `out(act(gate(x)) * inner(x))`
+    (SwiGLU with `activation="silu"`).
+
+    Args:
+        intermediate_dim: F, the hidden size.
+        activation: "gelu", "gelu_approximate", "relu" or "silu".
+        gated: use a gated linear unit. Defaults to False.
+        use_bias: biases on the projections. Defaults to True.
+        dropout: dropout on the hidden activations (0 by default).
+        kernel_initializer: initializer of the kernels.
+
+    Call arguments:
+        x: `[B, T, D]`.
+
+    Returns:
+        `[B, T, D]`.
+    """
+
+    def __init__(
+        self,
+        intermediate_dim,
+        activation="gelu",
+        gated=False,
+        use_bias=True,
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.activation_fn = activation_fn(activation)
+        self.gated = gated
+        self.use_bias = use_bias
+        self.dropout = dropout
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        self.inner_dense = self._dense(self.intermediate_dim, "intermediate")
+        self.inner_dense.build(input_shape)
+        self.gate_dense = None
+        if self.gated:
+            self.gate_dense = self._dense(self.intermediate_dim, "gate")
+            self.gate_dense.build(input_shape)
+        self.output_dense = self._dense(dim, "output")
+        self.output_dense.build((*input_shape[:-1], self.intermediate_dim))
+        self.built = True
+
+    def call(self, x, training=None):
+        hidden = self.inner_dense(x)  # [B, T, F]
+        if self.gated:
+            hidden = self.activation_fn(self.gate_dense(x)) * hidden
+        else:
+            hidden = self.activation_fn(hidden)
+        hidden = self.dropout_layer(hidden, training=training)
+        return self.output_dense(hidden)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            intermediate_dim=self.intermediate_dim,
+            activation=self.activation,
+            gated=self.gated,
+            use_bias=self.use_bias,
+            dropout=self.dropout,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+        )
+        return config
+
+
+def make_norm(norm_type: str, epsilon: float, dtype=None, name=None):
+    """A LayerNorm (`"layer"`) or RMSNorm (`"rms"`); both compute in float32."""
+    if norm_type == "rms":
+        return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    if norm_type == "layer":
+        return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    raise ValueError(f"Unknown norm_type {norm_type!r}. Expected 'layer' or 'rms'.")
+
+

@@ -1,0 +1,49 @@
+"""Attention masks, built in one place for every layer.
+
+Masks are boolean and True where attention is allowed, shaped so that they
+broadcast against attention logits `[B, N, T, S]`:
+B batch, N heads, T query length, S key length.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+
+def attention_mask(
+    query_length: int,
+    key_length: int,
+    key_padding_mask=None,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    query_offset=0,
+):
+    """Builds a boolean attention mask.
+
+    Args:
+        query_length: T, number of query positions.
+        key_length: S, number of key positions.
+        key_padding_mask: optional `[B, S]`, True/1 where the key is a real token.
+        causal: queries attend only to keys at the same or earlier positions.
+        sliding_window: if set, queries attend only to the `sliding_window`
+            most recent positions (including their own). Needs `causal=True`.
+        query_offset: absolute position of the first query (an int or a
+            scalar tensor; the KV-cache index when decoding).
+
+    Returns:
+        None when nothing is masked, else a bool tensor of shape `[1, 1, T, S]`
+        or `[B, 1, T, S]`.
+    """
+    mask = None
+    if causal or sliding_window is not None:
+        q_pos = ops.arange(query_length, dtype="int32") + ops.cast(query_offset, "int32")
+        k_pos = ops.arange(key_length, dtype="int32")
+        q_pos, k_pos = q_pos[:, None], k_pos[None, :]
+        mask = k_pos <= q_pos
+        if sliding_window is not None:
+            mask = ops.logical_and(mask, k_pos > q_pos - sliding_window)
+        mask = mask[None, None, :, :]
+    if key_padding_mask is not None:
+        padding = ops.cast(key_padding_mask, "bool")[:, None, None, :]
+        mask = padding if mask is None else ops.logical_and(mask, padding)
+    return mask

@@ -1,0 +1,150 @@
+"""Position information: rotary, sinusoidal and learned embeddings."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_transformers.layers.serializable import serializable
+
+
+@serializable
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotary position embedding (RoPE), applied to queries and keys.
+
+    Uses the "rotate half" layout of GPT-NeoX and Hugging Face Llama: the
+    first and second halves of each head are the two coordinates of every
+    rotated pair.
+
+    Args:
+        max_wavelength: the base (theta) of the frequencies. Defaults to 10000.
+        scaling_factor: linear position interpolation; positions are divided
+            by this factor. Defaults to 1.0.
+
+    Call arguments:
+        x: `[B, T, N, H]` queries or keys.
+        positions: `[T]` or `[B, T]` integer positions. Defaults to `arange(T)`.
+
+    Returns:
+        `[B, T, N, H]`, same dtype as `x`.
+
+    Reference:
+        Su et al., "RoFormer: Enhanced Transformer with Rotary Position
+        Embedding", 2021.
+    """
+
+    def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = max_wavelength
+        self.scaling_factor = scaling_factor
+        self.built = True
+
+    def call(self, x, positions=None):
+        head_dim = x.shape[-1]
+        if positions is None:
+            positions = ops.arange(ops.shape(x)[1])
+        positions = ops.cast(positions, "float32") / self.scaling_factor
+        exponent = ops.arange(0, head_dim, 2, dtype="float32") / head_dim
+        inverse_freq = 1.0 / ops.power(self.max_wavelength, exponent)  # [H/2]
+        angles = positions[..., None] * inverse_freq  # [T, H/2] or [B, T, H/2]
+        angles = ops.concatenate([angles, angles], axis=-1)  # [..., T, H]
+        if len(angles.shape) == 2:
+            angles = angles[None]  # [1, T, H]
+        cos = ops.cos(angles)[:, :, None, :]  # [B|1, T, 1, H]
+        sin = ops.sin(angles)[:, :, None, :]
+        x32 = ops.cast(x, "float32")
+        half = head_dim // 2
+        rotated = ops.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+        return ops.cast(x32 * cos + rotated * sin, x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor)
+        return config
+
+
+@serializable
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal positions of "Attention Is All You Need".
+
+    PE(pos, 2i) = sin(pos / max_wavelength^(2i/D)), PE(pos, 2i+1) = cos(...).
+    With `interleave=False` the sines fill the first half of the features and
+    the cosines the second half (the layout of Marian / fairseq).
+
+    Args:
+        max_wavelength: base of the wavelengths. Defaults to 10000.
+        interleave: sin/cos interleaved (paper) or concatenated halves.
+
+    Call arguments:
+        x: `[B, T, D]` embeddings (only the shape and dtype are used).
+        start_index: position of the first token (an int or scalar tensor).
+
+    Returns:
+        `[1, T, D]` position encodings, to be added to `x`.
+    """
+
+    def __init__(self, max_wavelength=10000.0, interleave=True, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = max_wavelength
+        self.interleave = interleave
+        self.built = True
+
+    def call(self, x, start_index=0):
+        length, dim = ops.shape(x)[1], x.shape[-1]
+        positions = ops.cast(ops.arange(length) + start_index, "float32")[:, None]
+        i = ops.arange(dim // 2, dtype="float32")[None, :]
+        angles = positions / ops.power(self.max_wavelength, 2.0 * i / dim)  # [T, D/2]
+        if self.interleave:
+            pe = ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (length, -1))
+        else:
+            pe = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+        return ops.cast(pe[None], x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(max_wavelength=self.max_wavelength, interleave=self.interleave)
+        return config
+
+
+@serializable
+class PositionEmbedding(keras.layers.Layer):
+    """Learned absolute position embedding.
+
+    Args:
+        sequence_length: number of positions (the maximum sequence length).
+        initializer: embedding initializer.
+
+    Call arguments:
+        x: `[B, T, D]` embeddings (only the shape is used).
+        start_index: position of the first token (an int or scalar tensor).
+
+    Returns:
+        `[1, T, D]` position embeddings, to be added to `x`.
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length = int(sequence_length)
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.sequence_length, input_shape[-1]),
+            initializer=self.initializer,
+        )
+        self.built = True
+
+    def call(self, x, start_index=0):
+        length = ops.shape(x)[1]
+        table = ops.convert_to_tensor(self.embeddings)
+        rows = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
+        return ops.cast(rows[None], x.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            sequence_length=self.sequence_length,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config

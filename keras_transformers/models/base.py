@@ -1,0 +1,185 @@
+"""What every model shares: the config plumbing, input checks, block stacks.
+
+A model is built from one `TransformerConfig`; its `get_config()` is that
+config, so nothing can drift. Weights are created in `__init__` (all shapes
+are known from the config), so a fresh model can load weights at once.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformers.backend import concrete_numpy
+from keras_transformers.config import TransformerConfig
+from keras_transformers.layers import TransformerBlock
+
+
+def resolve_config(config, fields: dict) -> TransformerConfig:
+    """`config` as a TransformerConfig, with keyword `fields` applied on top."""
+    if config is None:
+        return TransformerConfig.from_dict(fields)
+    if isinstance(config, dict):
+        config = TransformerConfig.from_dict(config)
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(
+            "`config` must be a TransformerConfig or a dict. "
+            f"Received: {type(config).__name__}"
+        )
+    return config.replace(**fields) if fields else config
+
+
+def block_kwargs(config: TransformerConfig, causal: bool, cross_attention: bool = False) -> dict:
+    """Keyword arguments of a `TransformerBlock` for `config`."""
+    return dict(
+        num_heads=config.num_heads,
+        intermediate_dim=config.intermediate_dim,
+        num_kv_heads=config.resolved_num_kv_heads,
+        head_dim=config.resolved_head_dim,
+        norm_position=config.norm_position,
+        norm_type=config.norm_type,
+        norm_epsilon=config.norm_epsilon,
+        activation=config.activation,
+        gated=config.gated_feed_forward,
+        use_bias=config.use_bias,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        causal=causal,
+        cross_attention=cross_attention,
+        sliding_window=config.sliding_window if causal else None,
+        rope_max_wavelength=config.rope_max_wavelength if config.rotary else None,
+        rope_scaling_factor=config.rope_scaling_factor,
+        kernel_initializer=initializer(config),
+    )
+
+
+def initializer(config: TransformerConfig):
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+def check_token_ids(token_ids, config: TransformerConfig, name: str = "token_ids", check_values=True):
+    """Validates `[B, T]` token ids; returns them as an int32 tensor.
+
+    Raises ValueError for a wrong rank or dtype, a length past
+    `max_sequence_length`, and (when values are known, i.e. eagerly) ids
+    outside `[0, vocabulary_size)`.
+    """
+    if not hasattr(token_ids, "shape"):
+        token_ids = np.asarray(token_ids)
+    shape = tuple(token_ids.shape)
+    if len(shape) != 2:
+        raise ValueError(
+            f"`{name}` must have shape [batch, length]. Received rank {len(shape)} "
+            f"with shape {shape}. Add a batch dimension with `x[None]`."
+        )
+    if not hasattr(token_ids, "dtype"):
+        token_ids = np.asarray(token_ids)
+    dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"`{name}` must be an integer tensor of token ids. Received dtype {dtype}. "
+            "Tokenize text first (e.g. with the model's tokenizer)."
+        )
+    length = shape[1]
+    if length is not None and length > config.max_sequence_length:
+        raise ValueError(
+            f"`{name}` has length {length}, longer than max_sequence_length="
+            f"{config.max_sequence_length}. Truncate the input, or load the preset "
+            "with a larger `max_sequence_length` (learned position tables then grow)."
+        )
+    values = concrete_numpy(token_ids) if check_values else None
+    if values is not None and values.size:
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= config.vocabulary_size:
+            bad = high if high >= config.vocabulary_size else low
+            raise ValueError(
+                f"`{name}` contains id {bad}, outside [0, vocabulary_size="
+                f"{config.vocabulary_size}). Check that the tokenizer matches the model."
+            )
+    return ops.cast(token_ids, "int32")
+
+
+def unpack_token_inputs(inputs, config: TransformerConfig, extra=(), check_values=True):
+    """Splits `inputs` (a dict, or a bare `[B, T]` id tensor) into
+    `(token_ids, padding_mask, *extra)`; a missing padding mask means all real."""
+    if isinstance(inputs, dict):
+        if "token_ids" not in inputs:
+            raise ValueError(
+                f"Inputs must contain 'token_ids'. Received keys {sorted(inputs)}."
+            )
+        token_ids = inputs["token_ids"]
+        padding_mask = inputs.get("padding_mask")
+        rest = [inputs.get(key) for key in extra]
+    else:
+        token_ids, padding_mask, rest = inputs, None, [None] * len(extra)
+    token_ids = check_token_ids(token_ids, config, check_values=check_values)
+    if padding_mask is None:
+        padding_mask = ops.ones_like(token_ids, dtype="bool")
+    elif tuple(padding_mask.shape) != tuple(token_ids.shape):
+        raise ValueError(
+            f"`padding_mask` shape {tuple(padding_mask.shape)} does not match "
+            f"`token_ids` shape {tuple(token_ids.shape)}."
+        )
+    return (token_ids, ops.cast(padding_mask, "bool"), *rest)
+
+
+def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwargs):
+    """`num` identical, built `TransformerBlock`s for `config`."""
+    blocks = []
+    for i in range(num):
+        block = TransformerBlock(**block_kwargs(config, **kwargs), dtype=dtype, name=f"{prefix}_{i}")
+        block.build((None, None, config.hidden_dim), (None, None, config.hidden_dim))
+        blocks.append(block)
+    return blocks
+
+
+def run_blocks(blocks, x, padding_mask, cache=None, cache_index=None, training=None, **kwargs):
+    """Runs `x [B, T, D]` through `blocks`.
+
+    With `cache [B, L, 2, S_max, K, H]` (one slice per block) returns
+    `(x, updated_cache)`; without, returns `x`.
+    """
+    if cache is None:
+        for block in blocks:
+            x = block(x, padding_mask=padding_mask, training=training, **kwargs)
+        return x
+    caches = []
+    for i, block in enumerate(blocks):
+        x, layer_cache = block(
+            x, padding_mask=padding_mask, cache=cache[:, i], cache_index=cache_index, training=training, **kwargs
+        )
+        caches.append(layer_cache)
+    return x, ops.stack(caches, axis=1)
+
+
+class ConfiguredModel(keras.Model):
+    """Base of every model: holds `config`, derives `get_config()` from it,
+    and carries the preset entry points."""
+
+    family: str = ""
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(config=TransformerConfig.from_dict(config.pop("config")), **config)
+
+    @classmethod
+    def from_preset(cls, handle, **overrides):
+        """Builds this model from a preset name, a saved preset directory or
+        a Hugging Face model directory; `overrides` replace config values
+        (e.g. `dropout=0.1`) or set `dtype`, `load_weights=False`."""
+        from keras_transformers import presets
+
+        return presets.load_model(handle, cls=cls, **overrides)
+
+    def save_to_preset(self, directory):
+        """Writes config.json, model.weights.h5, metadata.json and the
+        tokenizer assets (if any) to `directory`; `from_preset(directory)`
+        restores everything."""
+        from keras_transformers import presets
+
+        presets.save_model(self, directory)

@@ -1,0 +1,127 @@
+"""GPT-like decoders: the GPT-2 layout and the Llama layout are values of one
+config (learned vs rotary positions, LayerNorm vs RMSNorm, GELU vs SwiGLU,
+MHA vs GQA, tied vs untied head)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_transformers.layers import PositionEmbedding, TokenEmbedding, make_norm
+from keras_transformers.layers.serializable import serializable
+from keras_transformers.models.base import (
+    ConfiguredModel,
+    initializer,
+    make_blocks,
+    resolve_config,
+    run_blocks,
+    unpack_token_inputs,
+)
+from keras_transformers.models.causal_lm import CausalLM
+
+
+@serializable
+class GPTBackbone(ConfiguredModel):
+    """Decoder-only transformer: embeddings, causal blocks, final norm.
+
+    Args:
+        config: a `TransformerConfig` (or dict); keyword fields override it,
+            so `GPTBackbone(vocabulary_size=..., num_layers=..., ...)` works too.
+
+    Call arguments:
+        inputs: `{"token_ids": [B, T] int, "padding_mask": [B, T] bool}` or
+            the `[B, T]` ids alone.
+        cache: `[B, L, 2, S_max, K, H]` KV cache for decoding.
+        cache_index: position of the first token of `inputs` in the cache.
+
+    Returns:
+        Hidden states `[B, T, D]`, or `(hidden, cache)` when `cache` is given.
+
+    Example:
+    >>> model = GPTBackbone.from_preset("gpt2_tiny")
+    >>> model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape
+    (1, 8, 64)
+    """
+
+    family = "gpt"
+
+    def __init__(self, config=None, *, dtype=None, name=None, **fields):
+        config = resolve_config(config, fields)
+        if config.stacks != "decoder":
+            raise ValueError(f"{type(self).__name__} needs stacks='decoder'. Received: stacks={config.stacks!r}")
+        super().__init__(dtype=dtype, name=name)
+        self.config = config
+        d = config.hidden_dim
+        self.token_embedding = TokenEmbedding(
+            config.vocabulary_size,
+            d,
+            tie_weights=config.tie_embeddings,
+            embeddings_initializer=initializer(config),
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.token_embedding.build((None, None))
+        self.position_embedding = None
+        if config.position_embedding == "learned":
+            self.position_embedding = PositionEmbedding(
+                config.max_sequence_length, initializer(config), dtype=self.dtype_policy, name="position_embedding"
+            )
+            self.position_embedding.build((None, None, d))
+        elif config.position_embedding not in ("rotary", "none"):
+            raise ValueError(
+                f"{type(self).__name__} supports learned, rotary or no positions. "
+                f"Received: position_embedding={config.position_embedding!r}"
+            )
+        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.blocks = make_blocks(config, config.num_layers, "block", self.dtype_policy, causal=True)
+        self.final_norm = None
+        if config.final_norm:
+            self.final_norm = make_norm(config.norm_type, config.norm_epsilon, self.dtype_policy, "final_norm")
+            self.final_norm.build((None, None, d))
+        self.built = True
+
+    def call(self, inputs, cache=None, cache_index=None, training=None):
+        # Decoding steps skip the value check: `generate` checks the prompt once.
+        token_ids, padding_mask = unpack_token_inputs(inputs, self.config, check_values=cache is None)
+        x = self.token_embedding(token_ids)  # [B, T, D]
+        if self.position_embedding is not None:
+            start = 0 if cache_index is None else cache_index
+            x = x + self.position_embedding(x, start_index=start)
+        x = self.embedding_dropout(x, training=training)
+        if cache is not None:
+            # While decoding, every cached position before the query is real.
+            x, cache = run_blocks(self.blocks, x, None, cache, cache_index, training)
+        else:
+            x = run_blocks(self.blocks, x, padding_mask, training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x if cache is None else (x, cache)
+
+    def logits(self, hidden):
+        """Projects hidden states `[B, T, D]` to logits `[B, T, V]`."""
+        return self.token_embedding(hidden, reverse=True)
+
+    def init_cache(self, batch_size, max_length):
+        """A zero KV cache `[B, L, 2, S_max, K, H]` in the compute dtype."""
+        c = self.config
+        shape = (batch_size, c.num_layers, 2, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
+        return ops.zeros(shape, dtype=self.compute_dtype)
+
+
+@serializable
+class GPTCausalLM(CausalLM):
+    """GPT-like causal language model: `GPTBackbone` + (tied or untied) LM head.
+
+    Call arguments:
+        inputs: as for `GPTBackbone`.
+
+    Returns:
+        Logits `[B, T, vocabulary_size]`.
+
+    Example:
+    >>> lm = GPTCausalLM.from_preset("gpt2_tiny")
+    >>> lm.generate([[1, 2, 3]], max_new_tokens=4).shape
+    (1, 7)
+    """
+
+    backbone_cls = GPTBackbone

@@ -1,0 +1,254 @@
+"""Presets: built-in architectures, saved preset directories and Hugging Face
+model directories, behind one `from_preset(handle)`.
+
+A built-in preset is `presets/<name>.json` (sub-folders allowed)::
+
+    {"family": "gpt", "config": {...TransformerConfig fields...},
+     "metadata": {"description": "...", "params": 124439808, "reference": "..."}}
+
+A saved preset directory holds `config.json` (class, family, config),
+`model.weights.h5`, `metadata.json` and, when the model has one, the
+tokenizer's files under `tokenizer/`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from keras_transformers.config import TransformerConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.weights.h5"
+METADATA_FILE = "metadata.json"
+TOKENIZER_DIR = "tokenizer"
+FAMILIES = ("gpt", "bert", "transformer", "mixtral", "vit")
+
+
+def _builtin_root():
+    source = Path(__file__).resolve().parent.parent / "presets"
+    if source.is_dir():  # a source checkout or an editable install
+        return source
+    return resources.files("keras_transformers.preset_files")
+
+
+def _walk(root):
+    for entry in root.iterdir():
+        if entry.is_dir():
+            yield from _walk(entry)
+        elif entry.name.endswith(".json"):
+            yield entry
+
+
+def _builtin_files() -> dict[str, Any]:
+    return {entry.name[: -len(".json")]: entry for entry in _walk(_builtin_root())}
+
+
+def _read_json(path, what: str) -> dict:
+    try:
+        text = Path(path).read_text() if not hasattr(path, "read_text") else path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path}.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{what} {path} is not valid JSON ({error}). Restore it, or save the preset again."
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path} must hold a JSON object.")
+    return data
+
+
+def _builtin(name: str) -> dict:
+    files = _builtin_files()
+    if name not in files:
+        raise ValueError(
+            f"Unknown preset {name!r}. Built-in presets: {sorted(files)}. A preset can "
+            "also be a directory written by `save_to_preset` or a Hugging Face model directory."
+        )
+    data = _read_json(files[name], "Preset file")
+    for key in ("family", "config", "metadata"):
+        if key not in data:
+            raise ValueError(f"Preset file for {name!r} lacks the {key!r} entry.")
+    return data
+
+
+def list_presets(family: str | None = None) -> dict[str, dict]:
+    """Built-in presets: `{name: {"family", "description", "params", "reference"}}`.
+
+    Args:
+        family: keep only this family ("gpt", "bert", "transformer",
+            "mixtral", "vit").
+    """
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"Unknown family {family!r}. Expected one of {FAMILIES}.")
+    out = {}
+    for name in sorted(_builtin_files()):
+        data = _builtin(name)
+        if family is None or data["family"] == family:
+            out[name] = {"family": data["family"], **data["metadata"]}
+    return out
+
+
+def _kind(handle) -> str:
+    if isinstance(handle, (str, os.PathLike)) and Path(handle).is_dir():
+        path = Path(handle)
+        if not (path / CONFIG_FILE).exists():
+            raise FileNotFoundError(
+                f"{path} has no {CONFIG_FILE}: not a preset directory. Pass a built-in "
+                "preset name, a directory written by `save_to_preset`, or a Hugging Face model directory."
+            )
+        data = _read_json(path / CONFIG_FILE, "Preset config")
+        return "huggingface" if "model_type" in data else "saved"
+    if isinstance(handle, str) and handle.endswith(".json") and Path(handle).is_file():
+        return "file"
+    return "builtin"
+
+
+def _preset_data(handle) -> dict:
+    kind = _kind(handle)
+    if kind == "builtin":
+        return _builtin(str(handle))
+    if kind == "file":
+        return _read_json(handle, "Preset file")
+    if kind == "saved":
+        return _read_json(Path(handle) / CONFIG_FILE, "Preset config")
+    from keras_transformers.convert import hf_preset_data
+
+    return hf_preset_data(Path(handle))
+
+
+def load_config(name_or_path, **overrides) -> TransformerConfig:
+    """The `TransformerConfig` of a preset, with `overrides` applied.
+
+    Args:
+        name_or_path: a built-in preset name, a preset JSON file, a saved
+            preset directory or a Hugging Face model directory.
+        **overrides: config fields to change, e.g. `max_sequence_length=256`.
+    """
+    data = _preset_data(name_or_path)
+    if "config" not in data:
+        raise ValueError(f"Preset {name_or_path!r} has no 'config' entry.")
+    config = TransformerConfig.from_dict(data["config"])
+    return config.replace(**overrides) if overrides else config
+
+
+def _resolve_class(data: dict, cls):
+    from keras_transformers import models
+
+    family = data.get("family")
+    if family not in models.FAMILY_CLASSES:
+        raise ValueError(
+            f"Preset family {family!r} is not available. Known families: {sorted(models.FAMILY_CLASSES)}."
+        )
+    backbone_cls, default_cls = models.FAMILY_CLASSES[family]
+    saved_cls = models.CLASSES.get(data.get("class_name"), default_cls)
+    if cls is None:
+        return saved_cls, saved_cls
+    if cls.family != family:
+        raise ValueError(
+            f"Preset is a {family!r} model; {cls.__name__} is a {cls.family!r} model. "
+            f"Use {default_cls.__name__}.from_preset or keras_transformers.from_preset."
+        )
+    return cls, saved_cls
+
+
+def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overrides):
+    """Builds the model a preset describes (used by every `from_preset`).
+
+    Args:
+        handle: built-in name, saved preset directory or Hugging Face directory.
+        cls: the class asked for (None: the preset's own class).
+        load_weights: load the saved or converted weights (built-in presets
+            have none: random initialisation).
+        dtype: dtype policy, e.g. "bfloat16" or "mixed_bfloat16".
+        **overrides: config fields to change.
+    """
+    kind = _kind(handle)
+    if kind == "huggingface":
+        from keras_transformers.convert import load_hf_model
+
+        return load_hf_model(Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides)
+    data = _preset_data(handle)
+    config = load_config(handle, **overrides)
+    cls, saved_cls = _resolve_class(data, cls)
+    tokenizer = None
+    if kind == "saved":
+        from keras_transformers.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(Path(handle) / TOKENIZER_DIR)
+    if kind != "saved" or not load_weights:
+        return _instantiate(cls, config, dtype, tokenizer)
+    weights = Path(handle) / WEIGHTS_FILE
+    if not weights.exists():
+        raise FileNotFoundError(
+            f"{weights} is missing. Save the model again with `save_to_preset`, or pass "
+            "`load_weights=False` for a randomly initialised model."
+        )
+    source = _instantiate(saved_cls, config, dtype, tokenizer)
+    _load_weights(source, weights)
+    return _convert_between(source, cls, tokenizer)
+
+
+def _instantiate(cls, config, dtype, tokenizer):
+    if getattr(cls, "backbone_cls", None) is not None:
+        return cls(config=config, dtype=dtype, tokenizer=tokenizer)
+    return cls(config=config, dtype=dtype)
+
+
+def _convert_between(model, cls, tokenizer):
+    """A task preset loads as its backbone and a backbone preset as a task."""
+    if isinstance(model, cls):
+        return model
+    if hasattr(model, "backbone") and isinstance(model.backbone, cls):
+        return model.backbone
+    if getattr(cls, "backbone_cls", None) is not None and isinstance(model, cls.backbone_cls):
+        return cls(model, tokenizer=tokenizer)
+    raise ValueError(f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}.")
+
+
+def _load_weights(model, path):
+    try:
+        model.load_weights(str(path))
+    except Exception as error:  # h5py / keras raise many kinds
+        raise ValueError(
+            f"Could not load weights from {path}: {error}. The file is corrupt or was "
+            "saved from a different architecture; check config.json against the "
+            "weights, or save the preset again."
+        ) from None
+
+
+def save_model(model, directory) -> None:
+    """Writes `model` as a preset directory (see the module docstring)."""
+    import keras
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "class_name": type(model).__name__,
+        "family": model.family,
+        "config": model.config.to_dict(),
+    }
+    (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    model.save_weights(str(path / WEIGHTS_FILE))
+    metadata = {
+        "params": int(model.count_params()),
+        "keras_version": keras.__version__,
+        "backend": keras.config.backend(),
+        "dtype": keras.dtype_policies.serialize(model.dtype_policy),
+        "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    (path / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save_assets(str(path / TOKENIZER_DIR))
+
+
+def from_preset(handle, **overrides):
+    """Builds the right model class for `handle` (see `load_model`)."""
+    return load_model(handle, cls=None, **overrides)
