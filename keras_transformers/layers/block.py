@@ -101,7 +101,8 @@ class TransformerBlock(keras.layers.Layer):
             feed_forward = keras.layers.deserialize(feed_forward)
         self.feed_forward = feed_forward
 
-    def build(self, input_shape, encoder_shape=None):
+    def build(self, x_shape, encoder_outputs_shape=None):
+        input_shape, encoder_shape = x_shape, encoder_outputs_shape
         dim = input_shape[-1]
         head_dim = self.head_dim or dim // self.num_heads
         common = dict(
@@ -140,7 +141,8 @@ class TransformerBlock(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name="feed_forward",
             )
-        self.feed_forward.build(input_shape)
+        if not self.feed_forward.built:
+            self.feed_forward.build(input_shape)
         self.feed_forward_norm = norm("feed_forward_norm")
         self.feed_forward_norm.build(input_shape)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
@@ -190,8 +192,8 @@ class TransformerBlock(keras.layers.Layer):
         x = self._residual(x, self.feed_forward_norm, lambda h: self.feed_forward(h, **ff_kwargs), training)
         return x if cache is None else (x, new_cache[0])
 
-    def compute_output_shape(self, input_shape, *args, **kwargs):
-        return input_shape
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
 
     def get_config(self):
         config = super().get_config()
