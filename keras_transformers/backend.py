@@ -31,7 +31,7 @@ def compile_function(fn, variables):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn, jit_compile=True, reduce_retracing=True)
+        return tf.function(fn, jit_compile=True)
     if backend == "torch":
         import torch
 

@@ -181,7 +181,8 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
     if kind == "saved":
         from keras_transformers.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(Path(handle) / TOKENIZER_DIR)
+        if (Path(handle) / TOKENIZER_DIR).is_dir():
+            tokenizer = load_tokenizer(Path(handle) / TOKENIZER_DIR)
     if kind != "saved" or not load_weights:
         return _instantiate(cls, config, dtype, tokenizer)
     weights = Path(handle) / WEIGHTS_FILE

@@ -1,0 +1,154 @@
+"""Hugging Face checkpoints <-> keras_transformers models.
+
+A Hugging Face model directory (`config.json` with `model_type`, plus
+`model.safetensors` or sharded safetensors) loads with any `from_preset`:
+
+>>> lm = keras_transformers.from_preset("path/to/hf/gpt2")  # doctest: +SKIP
+>>> export_hf(lm, "out/")  # AutoModelForCausalLM.from_pretrained("out/") works
+
+One small module per `model_type` (see `CONVERTERS`) maps the config and the
+weights both ways; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from keras_transformers.convert import gpt2, llama
+from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
+
+# model_type -> converter module.
+CONVERTERS = {gpt2.MODEL_TYPE: gpt2, llama.MODEL_TYPE: llama}
+
+
+def _converter(model_type):
+    if model_type not in CONVERTERS:
+        raise ValueError(
+            f"Hugging Face model_type {model_type!r} is not supported. "
+            f"Supported model types: {sorted(CONVERTERS)}."
+        )
+    return CONVERTERS[model_type]
+
+
+def _read(path: Path):
+    """The HF config dict of a directory and its converter module."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise FileNotFoundError(
+            f"{path} has no config.json: not a Hugging Face model directory."
+        )
+    hf = json.loads(file.read_text())
+    return hf, _converter(hf.get("model_type"))
+
+
+def _preset_data(hf: dict, module) -> dict:
+    base = set(hf.get("architectures") or ()) == {module.BASE_ARCHITECTURE}
+    return {
+        "family": "gpt",
+        "class_name": "GPTBackbone" if base else "GPTCausalLM",
+        "config": module.config_from_hf(hf),
+    }
+
+
+def hf_preset_data(path) -> dict:
+    """The preset data of a Hugging Face model directory.
+
+    Args:
+        path: directory with a `config.json` holding `model_type`.
+
+    Returns:
+        `{"family": "gpt", "class_name": ..., "config": {TransformerConfig
+        fields}}`. The class is `GPTBackbone` for a base-model checkpoint
+        (`architectures: ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`.
+
+    Raises:
+        ValueError: unknown `model_type`, or an option we cannot convert.
+    """
+    return _preset_data(*_read(Path(path)))
+
+
+def _load_tokenizer(path: Path):
+    """The directory's tokenizer, or None (also when the tokenizer module is
+    not available or cannot read this tokenizer, with a warning)."""
+    try:
+        from keras_transformers.tokenizer import load_tokenizer
+    except ImportError:
+        return None
+    try:
+        return load_tokenizer(path)
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        warnings.warn(f"The tokenizer in {path} was not loaded: {error}", stacklevel=3)
+        return None
+
+
+def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overrides):
+    """Builds a model from a Hugging Face directory and converts its weights.
+
+    Args:
+        path: the model directory.
+        cls: the class asked for (None: `GPTCausalLM`, or `GPTBackbone` for a
+            base-model checkpoint). A backbone may be loaded from a causal-LM
+            checkpoint and a causal LM from a base checkpoint with a tied head.
+        load_weights: convert the weights; False gives a random init.
+        dtype: dtype policy, e.g. "bfloat16".
+        **overrides: config fields to change (e.g. `max_sequence_length`;
+            learned position tables are cut or grown to fit).
+
+    Raises:
+        FileNotFoundError: no safetensors weights (e.g. only a pickled
+            `pytorch_model.bin`).
+        ValueError: unsupported config, or a missing / misshapen weight.
+    """
+    from keras_transformers.config import TransformerConfig
+    from keras_transformers.presets import _instantiate, _resolve_class
+
+    path = Path(path)
+    hf, module = _read(path)
+    data = _preset_data(hf, module)
+    config = TransformerConfig.from_dict(data["config"])
+    config = config.replace(**overrides) if overrides else config
+    target, _ = _resolve_class(data, cls)
+    checkpoint = Checkpoint(path) if load_weights else None
+    model = _instantiate(target, config, dtype, _load_tokenizer(path))
+    if checkpoint is not None:
+        backbone = getattr(model, "backbone", model)
+        module.load_weights(backbone, checkpoint, require_head=backbone is not model)
+        checkpoint.warn_unused()
+    return model
+
+
+def export_hf(model, directory) -> None:
+    """Writes `model` as a Hugging Face checkpoint directory.
+
+    Writes `config.json` (with `model_type`, `architectures` and
+    `torch_dtype: float32`), `model.safetensors` and, when the model has a
+    tokenizer, its files, so that
+    `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it.
+    Rotary models export as "llama", learned-position ones as "gpt2".
+
+    Args:
+        model: a `GPTCausalLM` or `GPTBackbone`.
+        directory: output directory (created if needed).
+
+    Raises:
+        ValueError: the model has options the target format cannot express.
+    """
+    backbone = getattr(model, "backbone", model)
+    if getattr(backbone, "family", None) != "gpt":
+        raise ValueError(
+            f"export_hf supports GPT-family models (GPT-2 / Llama layouts). "
+            f"Received: {type(model).__name__}."
+        )
+    config = backbone.config
+    module = llama if config.position_embedding == "rotary" else gpt2
+    hf = module.hf_config(config)
+    hf.update(architectures=[module.ARCHITECTURE], torch_dtype="float32")
+    write_checkpoint(directory, hf, module.export_weights(backbone))
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and hasattr(tokenizer, "save_assets"):
+        tokenizer.save_assets(str(directory))
+
+
+__all__ = ["CONVERTERS", "export_hf", "hf_preset_data", "load_hf_model"]

@@ -1,0 +1,169 @@
+"""Helpers shared by the Hugging Face converters: copying tensors between
+checkpoint layout and Keras variables with shape checks, and config checks."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from keras import ops
+
+
+def assign(
+    variable, value: np.ndarray, name: str, *, shape=None, transpose=False
+) -> None:
+    """Copies checkpoint tensor `value` (called `name`) into `variable`.
+
+    Args:
+        variable: the Keras variable.
+        value: the checkpoint tensor.
+        name: its checkpoint name, for error messages.
+        shape: the shape of `value` in our layout before it is reshaped to
+            `variable.shape` (e.g. `[D, N * H]` for a `[D, N, H]` kernel).
+            Defaults to `variable.shape`.
+        transpose: the checkpoint stores the transpose of `shape` (PyTorch
+            `Linear` weights are `[out, in]`).
+
+    Raises:
+        ValueError: the shapes differ; the message names the weight.
+    """
+    ours = tuple(shape or variable.shape)
+    check_shape(value, ours[::-1] if transpose else ours, name, variable.path)
+    value = value.T if transpose else value
+    variable.assign(np.ascontiguousarray(value).reshape(tuple(variable.shape)))
+
+
+def check_shape(value: np.ndarray, expected, name: str, target: str) -> None:
+    """Raises a ValueError naming weight `name` unless `value.shape == expected`."""
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(
+            f"Checkpoint weight {name!r} has shape {list(value.shape)}, but the model "
+            f"built from config.json expects {list(expected)} (for {target}). "
+            "config.json (or an override) does not describe these weights: fix it to "
+            "match the checkpoint."
+        )
+
+
+def fetch(variable, *, shape=None, transpose=False) -> np.ndarray:
+    """`variable` as a float32 array in checkpoint layout (inverse of `assign`)."""
+    value = np.asarray(ops.convert_to_numpy(ops.cast(variable, "float32")))
+    value = value.reshape(shape or value.shape)
+    return np.ascontiguousarray(value.T if transpose else value)
+
+
+def _params(layer):
+    """(weight, bias) of a Dense / EinsumDense / LayerNorm / RMSNorm layer."""
+    if hasattr(layer, "kernel"):
+        return layer.kernel, layer.bias
+    if hasattr(layer, "gamma"):  # LayerNormalization (`scale` is its flag)
+        return layer.gamma, layer.beta
+    return layer.scale, None  # RMSNormalization
+
+
+def load_layer(layer, get, name: str, *, shape=None, transpose=False) -> None:
+    """Loads `{name}.weight` (and `{name}.bias` when `layer` has a bias);
+    `shape` / `transpose` describe the weight as in `assign`."""
+    weight, bias = _params(layer)
+    assign(
+        weight,
+        get(name + ".weight"),
+        name + ".weight",
+        shape=shape,
+        transpose=transpose,
+    )
+    if bias is not None:
+        size = int(np.prod(bias.shape))
+        assign(bias, get(name + ".bias"), name + ".bias", shape=(size,))
+
+
+def export_layer(
+    out: dict, layer, name: str, *, shape=None, transpose=False, zero_bias=False
+):
+    """Inverse of `load_layer`: adds the layer's tensors to `out`; with
+    `zero_bias`, a layer without bias gets a zero one (for formats that
+    always have biases)."""
+    weight, bias = _params(layer)
+    out[name + ".weight"] = fetch(weight, shape=shape, transpose=transpose)
+    if bias is not None:
+        out[name + ".bias"] = fetch(bias).reshape(-1)
+    elif zero_bias:
+        out[name + ".bias"] = np.zeros(out[name + ".weight"].shape[-1], np.float32)
+
+
+def attention_parts(attention) -> dict[str, tuple]:
+    """Role -> (layer, 2-D kernel shape `[in, out]`) of a `MultiHeadAttention`."""
+    d = attention.query_dense.kernel.shape[0]
+    q = attention.num_heads * attention.head_dim
+    kv = attention.num_kv_heads * attention.head_dim
+    return {
+        "query": (attention.query_dense, (d, q)),
+        "key": (attention.key_dense, (d, kv)),
+        "value": (attention.value_dense, (d, kv)),
+        "output": (attention.output_dense, (q, d)),
+    }
+
+
+def load_head(embedding, checkpoint, required: bool) -> None:
+    """An untied LM head from `lm_head.weight` (`[V, D]`)."""
+    if not embedding.tie_weights and (required or "lm_head.weight" in checkpoint):
+        value = checkpoint.get("lm_head.weight")
+        assign(embedding.reverse_embeddings, value, "lm_head.weight", transpose=True)
+
+
+def export_head(out: dict, embedding) -> None:
+    if not embedding.tie_weights:
+        out["lm_head.weight"] = fetch(embedding.reverse_embeddings, transpose=True)
+
+
+def special_ids(hf: dict, vocabulary_size: int) -> dict:
+    """bos / eos / pad ids of an HF config; pad defaults to eos (then 0).
+
+    A list of eos ids keeps its first; ids outside the vocabulary are
+    dropped with a warning (random-init configs often carry GPT-2's 50256).
+    """
+    ids = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = hf.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None and not 0 <= int(value) < vocabulary_size:
+            warnings.warn(
+                f"config.json {key}={value} is outside the vocabulary "
+                f"(size {vocabulary_size}); ignoring it.",
+                stacklevel=3,
+            )
+            value = None
+        ids[key] = None if value is None else int(value)
+    if ids["pad_token_id"] is None:
+        ids["pad_token_id"] = (
+            ids["eos_token_id"] if ids["eos_token_id"] is not None else 0
+        )
+    return ids
+
+
+# What every exported decoder needs besides its own layout.
+DECODER = dict(
+    stacks="decoder",
+    norm_position="pre",
+    final_norm=True,
+    embedding_norm=False,
+    scale_embeddings=False,
+    num_segments=0,
+    sliding_window=None,
+    moe=None,
+    vision=None,
+)
+
+
+def check_exportable(config, required: dict, model_type: str) -> None:
+    """Raises ValueError naming every field of `config` that `model_type`
+    cannot represent (`required` maps field -> needed value)."""
+    bad = {
+        k: getattr(config, k) for k, v in required.items() if getattr(config, k) != v
+    }
+    if bad:
+        needed = {k: required[k] for k in bad}
+        raise ValueError(
+            f"This model cannot be exported as Hugging Face {model_type!r}: it has "
+            f"{bad}, but {model_type} needs {needed}."
+        )

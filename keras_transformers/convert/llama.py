@@ -1,0 +1,177 @@
+"""Hugging Face Llama (`model_type: "llama"`) <-> `GPTBackbone`.
+
+PyTorch `Linear` weights are `[out, in]`; ours are `[in, out]` (split into
+heads for attention). Both use the rotate-half rotary layout, so no
+permutation of the query / key rows is needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_transformers.convert.common import (
+    DECODER,
+    assign,
+    attention_parts,
+    check_exportable,
+    export_head,
+    export_layer,
+    fetch,
+    load_head,
+    load_layer,
+    special_ids,
+)
+
+MODEL_TYPE = "llama"
+BASE_ARCHITECTURE = "LlamaModel"
+ARCHITECTURE = "LlamaForCausalLM"
+PREFIXES = ("model.", "")
+ATTENTION = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj"}
+MLP = {"gate_dense": "gate_proj", "inner_dense": "up_proj", "output_dense": "down_proj"}
+
+
+def _rope(hf: dict) -> tuple[float, float]:
+    """(theta, linear scaling factor) from either config layout: transformers
+    5 `rope_parameters`, or the older top-level `rope_theta` + `rope_scaling`."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if kind == "default":
+        return float(theta), 1.0
+    if kind == "linear":
+        return float(theta), float(params["factor"])
+    raise ValueError(
+        f"Llama rope scaling type {kind!r} is not supported; supported: none "
+        "('default') and 'linear'."
+    )
+
+
+def config_from_hf(hf: dict) -> dict:
+    """TransformerConfig fields for an HF Llama `config.json` dict.
+
+    Raises:
+        ValueError: an option we cannot reproduce is set (activation other
+            than silu, attention_bias != mlp_bias, rope scaling other than
+            linear).
+    """
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(
+            f"Llama hidden_act={hf['hidden_act']!r} is not supported; only 'silu'."
+        )
+    attention_bias, mlp_bias = (
+        bool(hf.get("attention_bias", False)),
+        bool(hf.get("mlp_bias", False)),
+    )
+    if attention_bias != mlp_bias:
+        raise ValueError(
+            f"Llama config has attention_bias={attention_bias} but mlp_bias={mlp_bias}; "
+            "keras_transformers has one `use_bias` for both, so they must be equal."
+        )
+    theta, factor = _rope(hf)
+    hidden, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
+    head_dim = hf.get("head_dim")
+    vocab = hf.get("vocab_size", 32000)
+    return dict(
+        vocabulary_size=vocab,
+        num_layers=hf.get("num_hidden_layers", 32),
+        hidden_dim=hidden,
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=None if head_dim in (None, hidden // heads) else head_dim,
+        intermediate_dim=hf.get("intermediate_size", 11008),
+        max_sequence_length=hf.get("max_position_embeddings", 2048),
+        norm_type="rms",
+        norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+        position_embedding="rotary",
+        rope_max_wavelength=theta,
+        rope_scaling_factor=factor,
+        activation="silu",
+        gated_feed_forward=True,
+        use_bias=attention_bias,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        dropout=0.0,
+        attention_dropout=float(hf.get("attention_dropout", 0.0)),
+        initializer_range=float(hf.get("initializer_range", 0.02)),
+        **special_ids(hf, vocab),
+    )
+
+
+def _layers(block):
+    """(layer, HF name, kernel shape) of one block, attention first."""
+    out = [
+        (layer, f"self_attn.{ATTENTION[role]}", shape)
+        for role, (layer, shape) in attention_parts(block.self_attention).items()
+    ]
+    out += [(getattr(block.feed_forward, a), f"mlp.{n}", None) for a, n in MLP.items()]
+    out.append((block.self_attention_norm, "input_layernorm", None))
+    out.append((block.feed_forward_norm, "post_attention_layernorm", None))
+    return out
+
+
+def load_weights(backbone, checkpoint, require_head: bool) -> None:
+    """Copies a Llama checkpoint into `backbone` (a `GPTBackbone`)."""
+    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", MODEL_TYPE)
+    get = checkpoint.get
+    name = p + "embed_tokens.weight"
+    assign(backbone.token_embedding.embeddings, get(name), name)
+    for i, block in enumerate(backbone.blocks):
+        for layer, hf_name, shape in _layers(block):
+            linear = "norm" not in hf_name
+            load_layer(
+                layer, get, f"{p}layers.{i}.{hf_name}", shape=shape, transpose=linear
+            )
+    load_layer(backbone.final_norm, get, p + "norm")
+    load_head(backbone.token_embedding, checkpoint, require_head)
+
+
+def hf_config(config) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`."""
+    layout = dict(norm_type="rms", position_embedding="rotary", activation="silu")
+    check_exportable(
+        config, {**DECODER, **layout, "gated_feed_forward": True}, MODEL_TYPE
+    )
+    theta, factor = float(config.rope_max_wavelength), float(config.rope_scaling_factor)
+    scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    return {
+        "model_type": MODEL_TYPE,
+        "vocab_size": config.vocabulary_size,
+        "num_hidden_layers": config.num_layers,
+        "hidden_size": config.hidden_dim,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.resolved_num_kv_heads,
+        "head_dim": config.resolved_head_dim,
+        "intermediate_size": config.intermediate_dim,
+        "max_position_embeddings": config.max_sequence_length,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.norm_epsilon,
+        # Both layouts: transformers 5 reads `rope_parameters`, 4.x the others.
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": theta,
+            **(scaling or {}),
+        },
+        "attention_bias": config.use_bias,
+        "mlp_bias": config.use_bias,
+        "attention_dropout": config.attention_dropout,
+        "initializer_range": config.initializer_range,
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+    }
+
+
+def export_weights(backbone) -> dict[str, np.ndarray]:
+    """The backbone's weights under LlamaForCausalLM names."""
+    p, out = "model.", {}
+    out[p + "embed_tokens.weight"] = fetch(backbone.token_embedding.embeddings)
+    for i, block in enumerate(backbone.blocks):
+        for layer, hf_name, shape in _layers(block):
+            linear = "norm" not in hf_name
+            name = f"{p}layers.{i}.{hf_name}"
+            export_layer(out, layer, name, shape=shape, transpose=linear)
+    export_layer(out, backbone.final_norm, p + "norm")
+    export_head(out, backbone.token_embedding)
+    return out

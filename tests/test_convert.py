@@ -1,0 +1,327 @@
+"""Hugging Face conversion (gpt2, llama): logits, hidden states and greedy
+generation match `transformers` (torch, float32, eager attention) on tiny
+random-init models; export round-trips; errors name the problem."""
+
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import keras_transformers  # noqa: E402
+from keras_transformers import TransformerConfig  # noqa: E402
+from keras_transformers.convert import export_hf, hf_preset_data  # noqa: E402
+from keras_transformers.models import GPTBackbone, GPTCausalLM  # noqa: E402
+
+TOLERANCE = 1e-4
+VOCAB = 128
+GPT2 = dict(
+    vocab_size=VOCAB,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    n_positions=64,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+LLAMA = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rope_theta=500.0,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+MAX_DIFF = {}  # (backend, case) -> max |diff|, printed with `pytest -s`
+
+
+def _randomize(model):
+    """Large random weights (norm scales near 1) so that mapping mistakes show."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            is_scale = (
+                p.ndim == 1
+                and ("ln" in name or "norm" in name)
+                and name.endswith("weight")
+            )
+            p.copy_(1 + 0.2 * noise if is_scale else 0.1 * noise)
+    return model.eval()
+
+
+def _hf_model(kind):
+    if kind == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
+    config = transformers.LlamaConfig(**LLAMA, tie_word_embeddings=kind == "llama_tied")
+    return transformers.LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """HF checkpoint directories: gpt2, llama (GQA, untied), llama_tied,
+    llama_sharded (many safetensors shards + index) and bf16 llama."""
+    root, dirs = tmp_path_factory.mktemp("hf"), {}
+    for kind in ("gpt2", "llama", "llama_tied"):
+        model = _randomize(_hf_model(kind))
+        dirs[kind] = root / kind
+        model.save_pretrained(dirs[kind])
+        base = model.transformer if kind == "gpt2" else model.model
+        dirs[kind + "_base"] = root / (kind + "_base")
+        base.save_pretrained(dirs[kind + "_base"])
+        if kind == "llama":
+            dirs["llama_sharded"] = root / "llama_sharded"
+            model.save_pretrained(dirs["llama_sharded"], max_shard_size="20KB")
+            dirs["llama_bf16"] = root / "llama_bf16"
+            model.to(torch.bfloat16).save_pretrained(dirs["llama_bf16"])
+    return dirs
+
+
+def _reference(path, cls=transformers.AutoModelForCausalLM):
+    return cls.from_pretrained(
+        path, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+
+
+def _batch():
+    """Two sequences, the second right-padded."""
+    ids = np.random.default_rng(1).integers(2, VOCAB, (2, 12)).astype("int32")
+    mask = np.ones_like(ids, bool)
+    mask[1, 7:] = False
+    ids[1, 7:] = 0
+    return ids, mask
+
+
+def _hf_out(model, ids, mask, base=False):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype("int64")),
+        )
+    return (out.last_hidden_state if base else out.logits).numpy()
+
+
+def _ours(model, ids, mask):
+    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+
+
+def _record(case, ours, theirs, mask):
+    diff = float(np.abs(ours - theirs)[mask].max())
+    MAX_DIFF[(keras.config.backend(), case)] = diff
+    print(f"[{keras.config.backend()}] {case}: max |diff| = {diff:.2e}")
+    assert diff <= TOLERANCE, f"{case}: max |diff| {diff} > {TOLERANCE}"
+
+
+@pytest.mark.parametrize(
+    "kind", ["gpt2", "llama", "llama_tied", "llama_sharded", "llama_bf16"]
+)
+def test_causal_lm_logits_match(hf_dirs, kind):
+    ids, mask = _batch()
+    expected = _hf_out(_reference(hf_dirs[kind]), ids, mask)
+    lm = GPTCausalLM.from_preset(hf_dirs[kind])
+    assert isinstance(lm, GPTCausalLM)
+    _record(f"{kind} logits", _ours(lm, ids, mask), expected, mask)
+    same = keras_transformers.from_preset(hf_dirs[kind])
+    assert isinstance(same, GPTCausalLM)
+    np.testing.assert_allclose(
+        _ours(same, ids, mask)[mask], _ours(lm, ids, mask)[mask], atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_backbone_hidden_states_match(hf_dirs, kind):
+    ids, mask = _batch()
+    reference = _reference(hf_dirs[kind])
+    expected = _hf_out(reference.base_model, ids, mask, base=True)
+    backbone = GPTBackbone.from_preset(hf_dirs[kind])  # from the causal-LM checkpoint
+    _record(f"{kind} backbone", _ours(backbone, ids, mask), expected, mask)
+    # A base-model checkpoint (GPT2Model / LlamaModel: no prefix, no head).
+    base = keras_transformers.from_preset(hf_dirs[kind + "_base"])
+    assert isinstance(base, GPTBackbone)
+    _record(f"{kind} base checkpoint", _ours(base, ids, mask), expected, mask)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_greedy_generation_matches(hf_dirs, kind):
+    prompt = np.array([[5, 17, 42, 99, 3]], "int32")
+    reference = _reference(hf_dirs[kind])
+    reference.generation_config.eos_token_id = None  # never stop early, like ours
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor(prompt, dtype=torch.long),
+            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=8,
+            pad_token_id=0,
+        ).numpy()
+    lm = keras_transformers.from_preset(hf_dirs[kind])
+    ours = lm.generate(prompt, max_new_tokens=8, stop_token_ids=None)
+    np.testing.assert_array_equal(np.asarray(ours), expected)
+
+
+def test_config_mapping(hf_dirs):
+    gpt2 = hf_preset_data(hf_dirs["gpt2"])
+    assert gpt2["family"] == "gpt" and gpt2["class_name"] == "GPTCausalLM"
+    assert gpt2["config"]["intermediate_dim"] == 128  # n_inner None -> 4 * n_embd
+    assert gpt2["config"]["activation"] == "gelu_approximate"
+    assert gpt2["config"]["pad_token_id"] == 1  # pad defaults to eos
+    llama = keras_transformers.load_config(hf_dirs["llama"])
+    assert (llama.num_kv_heads, llama.rope_max_wavelength, llama.tie_embeddings) == (
+        2,
+        500.0,
+        False,
+    )
+    assert hf_preset_data(hf_dirs["llama_base"])["class_name"] == "GPTBackbone"
+
+
+def test_overrides_and_no_weights(hf_dirs, tmp_path):
+    ids, mask = _batch()
+    expected = _hf_out(_reference(hf_dirs["gpt2"]), ids, mask)
+    short = GPTCausalLM.from_preset(
+        hf_dirs["gpt2"], max_sequence_length=32
+    )  # table cut to 32 rows
+    assert short.backbone.position_embedding.embeddings.shape == (32, 32)
+    np.testing.assert_allclose(
+        _ours(short, ids, mask)[mask], expected[mask], atol=TOLERANCE
+    )
+    shutil.copy(hf_dirs["gpt2"] / "config.json", tmp_path / "config.json")
+    random = GPTCausalLM.from_preset(tmp_path, load_weights=False)
+    assert random.config.num_layers == 2
+
+
+def _random_keras_lm(**fields):
+    config = TransformerConfig(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        hidden_dim=32,
+        num_heads=4,
+        intermediate_dim=64,
+        max_sequence_length=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        **fields,
+    )
+    lm = GPTCausalLM(config=config)
+    rng = np.random.default_rng(0)
+    for variable in lm.weights:
+        noise = rng.standard_normal(tuple(variable.shape)).astype("float32")
+        is_scale = "norm" in variable.path and variable.path.endswith(
+            ("gamma", "scale")
+        )
+        variable.assign(1 + 0.2 * noise if is_scale else 0.1 * noise)
+    return lm
+
+
+LLAMA_FIELDS = dict(
+    num_kv_heads=2,
+    norm_type="rms",
+    position_embedding="rotary",
+    activation="silu",
+    gated_feed_forward=True,
+    use_bias=True,
+    tie_embeddings=False,
+    rope_scaling_factor=2.0,
+)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_export_round_trip(tmp_path, kind):
+    fields = dict(activation="gelu_approximate") if kind == "gpt2" else LLAMA_FIELDS
+    lm = _random_keras_lm(**fields)
+    export_hf(lm, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == kind and saved["torch_dtype"] == "float32"
+    ids, mask = _batch()
+    ours = _ours(lm, ids, mask)
+    _record(f"{kind} export", ours, _hf_out(_reference(tmp_path), ids, mask), mask)
+    back = keras_transformers.from_preset(tmp_path)
+    np.testing.assert_allclose(_ours(back, ids, mask)[mask], ours[mask], atol=1e-6)
+
+
+def test_export_rejects_unrepresentable(tmp_path):
+    lm = _random_keras_lm(sliding_window=8, **LLAMA_FIELDS)
+    with pytest.raises(ValueError, match="sliding_window"):
+        export_hf(lm, tmp_path)
+
+
+def _edited(src, dst, **changes):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "kind, changes, match",
+    [
+        (
+            "gpt2",
+            dict(scale_attn_by_inverse_layer_idx=True),
+            "scale_attn_by_inverse_layer_idx",
+        ),
+        ("gpt2", dict(add_cross_attention=True), "add_cross_attention"),
+        ("gpt2", dict(activation_function="gelu_10"), "gelu_10"),
+        (
+            "gpt2",
+            dict(model_type="gpt3"),
+            "Supported model types: \\['gpt2', 'llama'\\]",
+        ),
+        ("llama", dict(hidden_act="gelu"), "hidden_act"),
+        ("llama", dict(attention_bias=True), "mlp_bias"),
+        (
+            "llama",
+            dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}),
+            "llama3",
+        ),
+        ("gpt2", dict(n_inner=64), "transformer.h.0.mlp.c_fc.weight"),
+        ("llama", dict(num_hidden_layers=3), "model.layers.2"),
+        (
+            "llama",
+            dict(tie_word_embeddings=True, vocab_size=VOCAB + 1),
+            "model.embed_tokens.weight",
+        ),
+    ],
+)
+def test_errors_name_the_problem(hf_dirs, tmp_path, kind, changes, match):
+    path = _edited(hf_dirs[kind], tmp_path / "edited", **changes)
+    with pytest.raises(ValueError, match=match):
+        keras_transformers.from_preset(path)
+
+
+def test_missing_and_pickled_weights(hf_dirs, tmp_path):
+    shutil.copy(hf_dirs["gpt2"] / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        GPTCausalLM.from_preset(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"never unpickled")
+    with pytest.raises(FileNotFoundError, match="safe_serialization=True"):
+        GPTCausalLM.from_preset(tmp_path)
+
+
+def test_untied_head_required_for_causal_lm(hf_dirs):
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        GPTCausalLM.from_preset(hf_dirs["llama_base"])
+
+
+def test_tokenizer_travels_with_the_model(hf_dirs, tmp_path):
+    pytest.importorskip("keras_transformers.tokenizer")
+    path = shutil.copytree(hf_dirs["gpt2"], tmp_path / "with_tokenizer")
+    vocab = {chr(c): i for i, c in enumerate(range(33, 133))}
+    vocab.update({'!"': 100, "<|endoftext|>": 101})
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text('#version: 0.2\n! "\n')
+    lm = keras_transformers.from_preset(path)
+    assert list(lm.tokenizer.encode('!"#')) == [100, 2]
+    export_hf(lm, tmp_path / "exported")
+    assert (tmp_path / "exported" / "merges.txt").exists()
+    again = keras_transformers.from_preset(tmp_path / "exported")
+    assert list(again.tokenizer.encode('!"#')) == [100, 2]

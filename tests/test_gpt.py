@@ -1,0 +1,223 @@
+"""GPT family: shapes, properties (causality, padding, cache), generation,
+saving, mixed precision and input errors, for the GPT-2 and Llama layouts."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from contracts import assert_close, run_fit_test, run_saving_test, to_numpy
+
+import keras_transformers as kt
+from keras_transformers.models import GPTBackbone, GPTCausalLM
+
+PRESETS = ["gpt2_tiny", "gpt_llama_tiny"]
+
+
+@pytest.fixture(params=PRESETS, scope="module")
+def lm(request):
+    keras.utils.set_random_seed(0)
+    return GPTCausalLM.from_preset(request.param)
+
+
+@pytest.fixture
+def ids(rng):
+    return rng.integers(1, 500, size=(2, 12)).astype("int32")
+
+
+def test_backbone_shapes_and_param_count(lm, ids):
+    hidden = lm.backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    assert tuple(hidden.shape) == (2, 12, lm.config.hidden_dim)
+    assert tuple(lm(ids).shape) == (2, 12, lm.config.vocabulary_size)
+    assert lm.count_params() == lm.config.num_params()
+
+
+def test_keyword_construction_equals_config():
+    model = GPTBackbone(vocabulary_size=64, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
+    assert model.config == kt.TransformerConfig(
+        vocabulary_size=64, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32
+    )
+    assert GPTBackbone.from_config(model.get_config()).config == model.config
+
+
+def test_causality(lm, ids):
+    changed = ids.copy()
+    changed[:, 7:] = (changed[:, 7:] + 11) % 500
+    assert_close(to_numpy(lm(ids))[:, :7], to_numpy(lm(changed))[:, :7], atol=1e-5)
+
+
+def test_padding_invariance(lm, ids):
+    mask = np.ones_like(ids, bool)
+    mask[0, 8:] = False
+    changed = ids.copy()
+    changed[0, 8:] = 3
+    a = to_numpy(lm({"token_ids": ids, "padding_mask": mask}))
+    b = to_numpy(lm({"token_ids": changed, "padding_mask": mask}))
+    assert_close(a[0, :8], b[0, :8], atol=1e-5)
+    # A padded row equals the same sequence alone.
+    alone = to_numpy(lm(ids[:1, :8]))
+    assert_close(a[0, :8], alone[0], atol=1e-5)
+
+
+def test_cached_decoding_equals_full_forward(lm, ids):
+    full = to_numpy(lm(ids))
+    cache = lm.backbone.init_cache(2, 16)
+    logits, cache = lm.call_with_cache(ids[:, :5], cache, 0)  # a prefill chunk
+    steps = [to_numpy(logits)]
+    for i in range(5, 12):
+        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        steps.append(to_numpy(logits))
+    assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def _naive_greedy(lm, prompt, steps):
+    seq = list(prompt)
+    for _ in range(steps):
+        logits = to_numpy(lm(np.array([seq], "int32")))
+        seq.append(int(logits[0, -1].argmax()))
+    return seq
+
+
+def test_generate_greedy_matches_naive_loop_and_batches(lm):
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    out = lm.generate(prompts, max_new_tokens=6, stop_token_ids=None)
+    for row, prompt in zip(out, prompts):
+        expected = _naive_greedy(lm, prompt, 6)
+        assert row[: len(expected)].tolist() == expected
+    assert out.shape == (2, 11)
+
+
+def test_generate_stop_tokens_and_streaming(lm):
+    prompt = [[5, 6, 7]]
+    free = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[0]
+    stop = int(free[3])  # the first generated token
+    stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop])[0]
+    assert stopped.tolist() == free.tolist()[:4]
+    streamed = []
+    out = lm.generate(prompt, max_new_tokens=4, stop_token_ids=None, stream=lambda t: streamed.append(int(t[0])))
+    assert streamed == out[0, 3:].tolist()
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(lm):
+    prompt = [[5, 6, 7]]
+    a = lm.generate(prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None)
+    b = lm.generate(prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None)
+    np.testing.assert_array_equal(a, b)
+    greedy = lm.generate(prompt, max_new_tokens=5, stop_token_ids=None)
+    top1 = lm.generate(prompt, max_new_tokens=5, top_k=1, seed=1, stop_token_ids=None)
+    np.testing.assert_array_equal(greedy, top1)
+    nucleus = lm.generate(prompt, max_new_tokens=5, top_p=1e-6, seed=1, stop_token_ids=None)
+    np.testing.assert_array_equal(greedy, nucleus)
+
+
+def test_saving_round_trips(lm, ids, tmp_path):
+    run_saving_test(lm, ids, str(tmp_path))
+    backbone_dir = str(tmp_path / "backbone")
+    lm.backbone.save_to_preset(backbone_dir)
+    # A backbone preset loads as a task model and vice versa.
+    assert_close(GPTCausalLM.from_preset(backbone_dir)(ids), lm(ids), atol=1e-6)
+    assert isinstance(GPTBackbone.from_preset(str(tmp_path / "preset")), GPTBackbone)
+    assert isinstance(kt.from_preset(str(tmp_path / "preset")), GPTCausalLM)
+
+
+def test_fit_reduces_loss(ids):
+    lm = GPTCausalLM.from_preset("gpt_llama_tiny")
+    x, y = ids[:, :-1], ids[:, 1:]
+    lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = lm.fit(x, y, epochs=8, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0] * 0.7
+
+
+def test_mixed_bfloat16_forward_and_fit(ids):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    lm = GPTCausalLM.from_preset("gpt_llama_tiny")
+    assert lm.backbone.blocks[0].self_attention.query_dense.kernel.dtype == "float32"
+    logits = to_numpy(keras.ops.cast(lm(ids), "float32"))
+    assert np.all(np.isfinite(logits))
+    run_fit_test(lm, ids[:, :-1], ids[:, 1:])
+    assert lm.generate([[1, 2]], max_new_tokens=3, stop_token_ids=None).shape == (1, 5)
+
+
+def test_weights_load_across_backends(tmp_path, ids, backend):
+    """A preset saved under another backend loads here with the same outputs."""
+    other = {"jax": "torch", "tensorflow": "jax", "torch": "tensorflow"}[backend]
+    script = (
+        "import numpy as np, keras; from keras_transformers.models import GPTCausalLM;"
+        "lm = GPTCausalLM.from_preset('gpt_llama_tiny'); lm.save_to_preset(r'%s');"
+        "np.save(r'%s', keras.ops.convert_to_numpy(lm(np.load(r'%s'))))"
+    ) % (tmp_path / "p", tmp_path / "out.npy", tmp_path / "ids.npy")
+    np.save(tmp_path / "ids.npy", ids)
+    env = {**os.environ, "KERAS_BACKEND": other}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
+    lm = GPTCausalLM.from_preset(str(tmp_path / "p"))
+    assert_close(lm(ids), np.load(tmp_path / "out.npy"), atol=1e-5)
+
+
+# ------------------------------------------------------------------ errors
+def test_bad_inputs_raise_clear_errors(lm):
+    with pytest.raises(ValueError, match="rank 1"):
+        lm(np.array([1, 2, 3], "int32"))
+    with pytest.raises(ValueError, match="integer"):
+        lm(np.ones((1, 3), "float32"))
+    with pytest.raises(ValueError, match="outside"):
+        lm(np.array([[1, 2, lm.config.vocabulary_size]], "int32"))
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        lm(np.ones((1, lm.config.max_sequence_length + 1), "int32"))
+    with pytest.raises(ValueError, match="token_ids"):
+        lm({"ids": np.ones((1, 3), "int32")})
+    with pytest.raises(ValueError, match="padding_mask"):
+        lm({"token_ids": np.ones((1, 3), "int32"), "padding_mask": np.ones((1, 4))})
+
+
+def test_generate_errors(lm):
+    with pytest.raises(ValueError, match="outside"):
+        lm.generate([[1, 10_000]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        lm.generate([[1] * 120], max_new_tokens=20)
+    with pytest.raises(ValueError, match="tokenizer"):
+        lm.generate("hello", max_new_tokens=2)
+    with pytest.raises(ValueError, match="empty"):
+        lm.generate([[]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="top_p"):
+        lm.generate([[1]], sampler="top_p", top_p=2.0)
+
+
+def test_preset_directory_errors(lm, tmp_path):
+    path = tmp_path / "p"
+    lm.save_to_preset(str(path))
+    (path / "model.weights.h5").write_bytes(b"not an h5 file")
+    with pytest.raises(ValueError, match="corrupt"):
+        GPTCausalLM.from_preset(str(path))
+    (path / "model.weights.h5").unlink()
+    with pytest.raises(FileNotFoundError, match="model.weights.h5"):
+        GPTCausalLM.from_preset(str(path))
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        GPTCausalLM.from_preset(str(path))
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPTCausalLM.from_preset(str(path))
+
+
+def test_wrong_shape_weights_error(tmp_path):
+    small = GPTCausalLM.from_preset("gpt2_tiny")
+    small.save_to_preset(str(tmp_path / "p"))
+    config = small.config.replace(hidden_dim=32)
+    import json
+
+    meta = json.loads((tmp_path / "p" / "config.json").read_text())
+    meta["config"]["hidden_dim"] = config.hidden_dim
+    (tmp_path / "p" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="different architecture"):
+        GPTCausalLM.from_preset(str(tmp_path / "p"))
+
+
+def test_unknown_preset_and_overrides():
+    with pytest.raises(ValueError, match="gpt2_small"):
+        GPTCausalLM.from_preset("gpt3_giant")
+    lm = GPTCausalLM.from_preset("gpt2_tiny", dropout=0.2, num_layers=1)
+    assert lm.config.dropout == 0.2 and len(lm.backbone.blocks) == 1
+    with pytest.raises(ValueError, match="num_heads"):
+        GPTCausalLM.from_preset("gpt2_tiny", num_heads=7)
