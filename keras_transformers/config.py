@@ -30,7 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any
+
+from keras_transformers._validation import (
+    _check_bool,
+    _check_choice,
+    _check_float,
+    _check_int,
+    _fail,
+    _Group,
+)
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")
@@ -39,78 +47,6 @@ POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
 DISPATCH_MODES = ("sparse", "dense")
 POOLINGS = ("token", "mean")
-
-
-def _fail(field_name: str, value: Any, expected: str) -> None:
-    raise ValueError(
-        f"Invalid config value `{field_name}={value!r}`: expected {expected}."
-    )
-
-
-def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(name, value, f"an integer >= {minimum}")
-
-
-def _check_float(name: str, value: Any, low: float, high: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and value >= low and (high is None or value < high)
-    if not ok:
-        span = f"in [{low}, {high})" if high is not None else f">= {low}"
-        _fail(name, value, f"a number {span}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(name, value, f"one of {choices}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(name, value, "True or False")
-
-
-class _Group:
-    """Shared `to_dict` / `from_dict` for the frozen config dataclasses."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if isinstance(value, _Group) else value
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        if isinstance(data, cls):
-            return data
-        if not isinstance(data, dict):
-            raise ValueError(
-                f"{cls.__name__}.from_dict expects a dict. Received: {type(data).__name__}"
-            )
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ValueError(
-                f"Unknown {cls.__name__} key(s) {unknown}. Known keys: {sorted(known)}."
-            )
-        kwargs = dict(data)
-        for name, group in _GROUP_FIELDS.get(cls.__name__, {}).items():
-            if kwargs.get(name) is not None:
-                kwargs[name] = group.from_dict(kwargs[name])
-        return cls(**kwargs)
-
-    def replace(self, **changes):
-        """Returns a copy with `changes` applied (validated again)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ValueError(
-                f"Unknown {type(self).__name__} key(s) {unknown}. Known keys: {sorted(known)}."
-            )
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -317,7 +253,9 @@ class TransformerConfig(_Group):
             "scale_embeddings",
         ):
             _check_bool(name, getattr(self, name))
-        _check_choice("position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        _check_choice(
+            "position_embedding", self.position_embedding, POSITION_EMBEDDINGS
+        )
         _check_float("rope_max_wavelength", self.rope_max_wavelength, 1.0)
         _check_float("rope_scaling_factor", self.rope_scaling_factor, 1e-9)
         _check_choice("activation", self.activation, ACTIVATIONS)
@@ -330,14 +268,26 @@ class TransformerConfig(_Group):
             value = getattr(self, name)
             optional = name != "pad_token_id"
             _check_int(name, value, 0, optional=optional)
-            if value is not None and self.vocabulary_size and value >= self.vocabulary_size:
+            if (
+                value is not None
+                and self.vocabulary_size
+                and value >= self.vocabulary_size
+            ):
                 _fail(name, value, f"< vocabulary_size={self.vocabulary_size}")
         if self.moe is not None and not isinstance(self.moe, MoEConfig):
             _fail("moe", self.moe, "a MoEConfig or None")
         if self.vision is not None and not isinstance(self.vision, VisionConfig):
             _fail("vision", self.vision, "a VisionConfig or None")
         if self.rotary and self.resolved_head_dim % 2:
-            _fail("head_dim", self.resolved_head_dim, "an even number with rotary positions")
+            _fail(
+                "head_dim",
+                self.resolved_head_dim,
+                "an even number with rotary positions",
+            )
+
+    @staticmethod
+    def _groups():
+        return {"moe": MoEConfig, "vision": VisionConfig}
 
     # ----------------------------------------------------------- derived values
     @property
@@ -375,7 +325,7 @@ class TransformerConfig(_Group):
         return self._count(active=True)
 
     def _count(self, active: bool) -> int:
-        d, b = self.hidden_dim, self.use_bias
+        d = self.hidden_dim
         norm = d if self.norm_type == "rms" else 2 * d
         total = 0
         # Embeddings.
@@ -404,7 +354,11 @@ class TransformerConfig(_Group):
         else:
             for i in range(self.num_layers):
                 total += attention + 2 * norm
-                total += self._moe_params(active) if self.moe_layer(i) else self._ffn_params()
+                total += (
+                    self._moe_params(active)
+                    if self.moe_layer(i)
+                    else self._ffn_params()
+                )
             if self.final_norm:
                 total += norm
         # Output head.
@@ -441,9 +395,6 @@ class TransformerConfig(_Group):
         }
         inner = ", ".join(f"{k}={v!r}" for k, v in changed.items())
         return f"TransformerConfig({inner})"
-
-
-_GROUP_FIELDS = {"TransformerConfig": {"moe": MoEConfig, "vision": VisionConfig}}
 
 
 def human_count(n: int) -> str:

@@ -50,7 +50,11 @@ def _builtin_files() -> dict[str, Any]:
 
 def _read_json(path, what: str) -> dict:
     try:
-        text = Path(path).read_text() if not hasattr(path, "read_text") else path.read_text()
+        text = (
+            Path(path).read_text()
+            if not hasattr(path, "read_text")
+            else path.read_text()
+        )
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}.") from None
     try:
@@ -173,7 +177,9 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
     if kind == "huggingface":
         from keras_transformers.convert import load_hf_model
 
-        return load_hf_model(Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides)
+        return load_hf_model(
+            Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides
+        )
     data = _preset_data(handle)
     config = load_config(handle, **overrides)
     cls, saved_cls = _resolve_class(data, cls)
@@ -208,9 +214,13 @@ def _convert_between(model, cls, tokenizer):
         return model
     if hasattr(model, "backbone") and isinstance(model.backbone, cls):
         return model.backbone
-    if getattr(cls, "backbone_cls", None) is not None and isinstance(model, cls.backbone_cls):
+    if getattr(cls, "backbone_cls", None) is not None and isinstance(
+        model, cls.backbone_cls
+    ):
         return cls(model, tokenizer=tokenizer)
-    raise ValueError(f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}.")
+    raise ValueError(
+        f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}."
+    )
 
 
 def _load_weights(model, path):
@@ -242,7 +252,9 @@ def save_model(model, directory) -> None:
         "keras_version": keras.__version__,
         "backend": keras.config.backend(),
         "dtype": keras.dtype_policies.serialize(model.dtype_policy),
-        "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
     }
     (path / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     tokenizer = getattr(model, "tokenizer", None)

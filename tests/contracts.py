@@ -50,7 +50,9 @@ def run_layer_test(layer_cls, init_kwargs, call_args, expected_shape, call_kwarg
     clone.set_weights(layer.get_weights())
     out2 = clone(*call_args, **call_kwargs)
     assert_close(out, out2, atol=1e-6)
-    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    revived = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(layer)
+    )
     assert type(revived) is layer_cls
     return layer, out
 

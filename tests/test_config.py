@@ -1,17 +1,20 @@
+import dataclasses
 import json
 
 import pytest
 
 from keras_transformers import MoEConfig, TransformerConfig, VisionConfig
 
-BASE = dict(vocabulary_size=100, num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64)
+BASE = dict(
+    vocabulary_size=100, num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64
+)
 
 
 def test_round_trip_and_frozen():
     config = TransformerConfig(**BASE, moe=MoEConfig(num_experts=4), vision=None)
     data = json.loads(json.dumps(config.to_dict()))
     assert TransformerConfig.from_dict(data) == config
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.hidden_dim = 8
 
 
@@ -66,7 +69,11 @@ def test_replace_validates():
 
 def test_num_params_known_models():
     gpt2 = TransformerConfig(
-        vocabulary_size=50257, num_layers=12, hidden_dim=768, num_heads=12, intermediate_dim=3072
+        vocabulary_size=50257,
+        num_layers=12,
+        hidden_dim=768,
+        num_heads=12,
+        intermediate_dim=3072,
     )
     assert gpt2.num_params() == 124_439_808  # HF GPT2LMHeadModel, tied head
     llama = dict(
@@ -78,7 +85,12 @@ def test_num_params_known_models():
         tie_embeddings=False,
     )
     llama2_7b = TransformerConfig(
-        vocabulary_size=32000, num_layers=32, hidden_dim=4096, num_heads=32, intermediate_dim=11008, **llama
+        vocabulary_size=32000,
+        num_layers=32,
+        hidden_dim=4096,
+        num_heads=32,
+        intermediate_dim=11008,
+        **llama,
     )
     assert llama2_7b.num_params() == 6_738_415_616
     mixtral = TransformerConfig(

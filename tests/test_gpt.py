@@ -35,9 +35,19 @@ def test_backbone_shapes_and_param_count(lm, ids):
 
 
 def test_keyword_construction_equals_config():
-    model = GPTBackbone(vocabulary_size=64, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
+    model = GPTBackbone(
+        vocabulary_size=64,
+        num_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=32,
+    )
     assert model.config == kt.TransformerConfig(
-        vocabulary_size=64, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32
+        vocabulary_size=64,
+        num_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        intermediate_dim=32,
     )
     assert GPTBackbone.from_config(model.get_config()).config == model.config
 
@@ -96,19 +106,30 @@ def test_generate_stop_tokens_and_streaming(lm):
     stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop])[0]
     assert stopped.tolist() == free.tolist()[:4]
     streamed = []
-    out = lm.generate(prompt, max_new_tokens=4, stop_token_ids=None, stream=lambda t: streamed.append(int(t[0])))
+    out = lm.generate(
+        prompt,
+        max_new_tokens=4,
+        stop_token_ids=None,
+        stream=lambda t: streamed.append(int(t[0])),
+    )
     assert streamed == out[0, 3:].tolist()
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(lm):
     prompt = [[5, 6, 7]]
-    a = lm.generate(prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None)
-    b = lm.generate(prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None)
+    a = lm.generate(
+        prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None
+    )
+    b = lm.generate(
+        prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None
+    )
     np.testing.assert_array_equal(a, b)
     greedy = lm.generate(prompt, max_new_tokens=5, stop_token_ids=None)
     top1 = lm.generate(prompt, max_new_tokens=5, top_k=1, seed=1, stop_token_ids=None)
     np.testing.assert_array_equal(greedy, top1)
-    nucleus = lm.generate(prompt, max_new_tokens=5, top_p=1e-6, seed=1, stop_token_ids=None)
+    nucleus = lm.generate(
+        prompt, max_new_tokens=5, top_p=1e-6, seed=1, stop_token_ids=None
+    )
     np.testing.assert_array_equal(greedy, nucleus)
 
 
@@ -125,7 +146,10 @@ def test_saving_round_trips(lm, ids, tmp_path):
 def test_fit_reduces_loss(ids):
     lm = GPTCausalLM.from_preset("gpt_llama_tiny")
     x, y = ids[:, :-1], ids[:, 1:]
-    lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    lm.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     history = lm.fit(x, y, epochs=8, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0] * 0.7
 
@@ -145,12 +169,14 @@ def test_weights_load_across_backends(tmp_path, ids, backend):
     other = {"jax": "torch", "tensorflow": "jax", "torch": "tensorflow"}[backend]
     script = (
         "import numpy as np, keras; from keras_transformers.models import GPTCausalLM;"
-        "lm = GPTCausalLM.from_preset('gpt_llama_tiny'); lm.save_to_preset(r'%s');"
-        "np.save(r'%s', keras.ops.convert_to_numpy(lm(np.load(r'%s'))))"
-    ) % (tmp_path / "p", tmp_path / "out.npy", tmp_path / "ids.npy")
+        "lm = GPTCausalLM.from_preset('gpt_llama_tiny'); lm.save_to_preset(r'{}');"
+        "np.save(r'{}', keras.ops.convert_to_numpy(lm(np.load(r'{}'))))"
+    ).format(tmp_path / "p", tmp_path / "out.npy", tmp_path / "ids.npy")
     np.save(tmp_path / "ids.npy", ids)
     env = {**os.environ, "KERAS_BACKEND": other}
-    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env=env, capture_output=True
+    )
     lm = GPTCausalLM.from_preset(str(tmp_path / "p"))
     assert_close(lm(ids), np.load(tmp_path / "out.npy"), atol=1e-5)
 

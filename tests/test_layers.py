@@ -14,7 +14,14 @@ def x(rng):
 def test_multi_head_attention_contract(x):
     run_layer_test(
         layers.MultiHeadAttention,
-        dict(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, use_bias=False, rope_max_wavelength=10000.0),
+        dict(
+            num_heads=4,
+            head_dim=8,
+            num_kv_heads=2,
+            causal=True,
+            use_bias=False,
+            rope_max_wavelength=10000.0,
+        ),
         (x,),
         (2, 6, 32),
     )
@@ -23,18 +30,28 @@ def test_multi_head_attention_contract(x):
 def test_fused_and_grouped_attention_agree(x):
     mask = np.ones((2, 6), bool)
     mask[1, 4:] = False
-    kwargs = dict(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rope_max_wavelength=10000.0)
+    kwargs = dict(
+        num_heads=4,
+        head_dim=8,
+        num_kv_heads=2,
+        causal=True,
+        rope_max_wavelength=10000.0,
+    )
     fused = layers.MultiHeadAttention(fused=True, **kwargs)
     grouped = layers.MultiHeadAttention(fused=False, **kwargs)
     fused(x), grouped(x)
     grouped.set_weights(fused.get_weights())
-    assert_close(fused(x, key_padding_mask=mask), grouped(x, key_padding_mask=mask), atol=1e-5)
+    assert_close(
+        fused(x, key_padding_mask=mask), grouped(x, key_padding_mask=mask), atol=1e-5
+    )
     assert_close(fused(x), grouped(x), atol=1e-5)
 
 
 def test_gqa_equals_mha_with_repeated_kv(x):
     """GQA with K heads equals MHA whose K/V weights repeat each KV head G times."""
-    gqa = layers.MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, fused=False)
+    gqa = layers.MultiHeadAttention(
+        num_heads=4, head_dim=8, num_kv_heads=2, fused=False
+    )
     mha = layers.MultiHeadAttention(num_heads=4, head_dim=8, fused=False)
     gqa(x), mha(x)
     weights = []
@@ -56,7 +73,9 @@ def test_causal_attention_ignores_future(x):
 
 
 def test_sliding_window_limits_context(x):
-    layer = layers.MultiHeadAttention(num_heads=4, head_dim=8, causal=True, sliding_window=2)
+    layer = layers.MultiHeadAttention(
+        num_heads=4, head_dim=8, causal=True, sliding_window=2
+    )
     changed = x.copy()
     changed[:, 0] += 5.0  # outside the window of positions >= 2
     out, out2 = to_numpy(layer(x)), to_numpy(layer(changed))
@@ -65,11 +84,15 @@ def test_sliding_window_limits_context(x):
 
 
 def test_mask_helper():
-    mask = to_numpy(layers.attention_mask(3, 5, causal=True, sliding_window=2, query_offset=2))
+    mask = to_numpy(
+        layers.attention_mask(3, 5, causal=True, sliding_window=2, query_offset=2)
+    )
     expected = np.array([[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], bool)
     np.testing.assert_array_equal(mask[0, 0], expected)
     padded = to_numpy(layers.attention_mask(2, 2, key_padding_mask=np.array([[1, 0]])))
-    np.testing.assert_array_equal(np.broadcast_to(padded[0, 0], (2, 2)), [[True, False], [True, False]])
+    np.testing.assert_array_equal(
+        np.broadcast_to(padded[0, 0], (2, 2)), [[True, False], [True, False]]
+    )
 
 
 def test_cross_attention_cache_matches(x, rng):
@@ -103,7 +126,10 @@ def test_rotary_matches_reference_formula(rng):
     out = to_numpy(layers.RotaryEmbedding(max_wavelength=100.0)(x))
     inv = 1.0 / 100.0 ** (np.arange(0, 8, 2) / 8)
     ang = np.arange(3)[:, None] * inv[None]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    cos, sin = (
+        np.cos(np.concatenate([ang, ang], -1)),
+        np.sin(np.concatenate([ang, ang], -1)),
+    )
     rot = np.concatenate([-x[..., 4:], x[..., :4]], -1)
     expected = x * cos[None, :, None] + rot * sin[None, :, None]
     np.testing.assert_allclose(out, expected, atol=1e-5)
@@ -119,7 +145,9 @@ def test_sinusoidal_matches_paper(x):
 
 
 def test_position_embedding_contract(x):
-    layer, out = run_layer_test(layers.PositionEmbedding, dict(sequence_length=10), (x,), (1, 6, 32))
+    layer, out = run_layer_test(
+        layers.PositionEmbedding, dict(sequence_length=10), (x,), (1, 6, 32)
+    )
     assert_close(layer(x, start_index=2), to_numpy(layer.embeddings)[None, 2:8], atol=0)
 
 
@@ -129,13 +157,23 @@ def test_token_embedding_tied_and_untied():
     hidden = tied(ids)
     assert_close(hidden, to_numpy(tied.embeddings)[ids] * 4.0, atol=1e-6)
     assert tuple(tied(hidden, reverse=True).shape) == (1, 3, 50)
-    run_layer_test(layers.TokenEmbedding, dict(input_dim=50, output_dim=16, tie_weights=False), (ids,), (1, 3, 16))
+    run_layer_test(
+        layers.TokenEmbedding,
+        dict(input_dim=50, output_dim=16, tie_weights=False),
+        (ids,),
+        (1, 3, 16),
+    )
 
 
-@pytest.mark.parametrize("gated,activation", [(False, "gelu"), (True, "silu"), (False, "relu")])
+@pytest.mark.parametrize(
+    "gated,activation", [(False, "gelu"), (True, "silu"), (False, "relu")]
+)
 def test_feed_forward(x, gated, activation):
     layer, out = run_layer_test(
-        layers.FeedForward, dict(intermediate_dim=48, activation=activation, gated=gated), (x,), (2, 6, 32)
+        layers.FeedForward,
+        dict(intermediate_dim=48, activation=activation, gated=gated),
+        (x,),
+        (2, 6, 32),
     )
     assert len(layer.trainable_weights) == (6 if gated else 4)
 
@@ -144,7 +182,13 @@ def test_feed_forward(x, gated, activation):
 def test_transformer_block(x, norm_position):
     run_layer_test(
         layers.TransformerBlock,
-        dict(num_heads=4, intermediate_dim=64, norm_position=norm_position, causal=True, norm_type="rms"),
+        dict(
+            num_heads=4,
+            intermediate_dim=64,
+            norm_position=norm_position,
+            causal=True,
+            norm_type="rms",
+        ),
         (x,),
         (2, 6, 32),
     )
@@ -154,7 +198,11 @@ def test_block_with_cross_attention_and_injected_feed_forward(x, rng):
     encoder = rng.normal(size=(2, 4, 32)).astype("float32")
     injected = layers.FeedForward(16, activation="relu", name="custom_ff")
     block = layers.TransformerBlock(
-        num_heads=4, intermediate_dim=64, cross_attention=True, causal=True, feed_forward=injected
+        num_heads=4,
+        intermediate_dim=64,
+        cross_attention=True,
+        causal=True,
+        feed_forward=injected,
     )
     out = block(x, encoder_outputs=encoder)
     assert tuple(out.shape) == (2, 6, 32)
@@ -167,13 +215,17 @@ def test_block_with_cross_attention_and_injected_feed_forward(x, rng):
 
 
 def test_post_norm_block_is_normalised(x):
-    block = layers.TransformerBlock(num_heads=4, intermediate_dim=64, norm_position="post")
+    block = layers.TransformerBlock(
+        num_heads=4, intermediate_dim=64, norm_position="post"
+    )
     out = to_numpy(block(x))
     np.testing.assert_allclose(out.mean(-1), 0.0, atol=1e-4)
 
 
 def test_mixed_precision_attention_softmax_in_float32(x):
-    layer = layers.MultiHeadAttention(num_heads=4, head_dim=8, fused=False, dtype="mixed_bfloat16")
+    layer = layers.MultiHeadAttention(
+        num_heads=4, head_dim=8, fused=False, dtype="mixed_bfloat16"
+    )
     out = layer(keras.ops.convert_to_tensor(x))
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
     assert np.all(np.isfinite(to_numpy(keras.ops.cast(out, "float32"))))

@@ -27,7 +27,11 @@ def _prompt_rows(model, prompts):
     if isinstance(prompts, dict):
         ids = np.asarray(ops.convert_to_numpy(prompts["token_ids"]))
         mask = prompts.get("padding_mask")
-        mask = np.ones_like(ids, bool) if mask is None else np.asarray(ops.convert_to_numpy(mask)).astype(bool)
+        mask = (
+            np.ones_like(ids, bool)
+            if mask is None
+            else np.asarray(ops.convert_to_numpy(mask)).astype(bool)
+        )
         return [list(r[m]) for r, m in zip(ids, mask)], False, False
     if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], str):
         if getattr(model, "tokenizer", None) is None:
@@ -36,7 +40,9 @@ def _prompt_rows(model, prompts):
                 "`model.tokenizer = ...` (presets saved with a tokenizer restore it)."
             )
         return [list(model.tokenizer.encode(p)) for p in prompts], True, single
-    array = prompts if isinstance(prompts, (list, tuple)) else ops.convert_to_numpy(prompts)
+    array = (
+        prompts if isinstance(prompts, (list, tuple)) else ops.convert_to_numpy(prompts)
+    )
     if isinstance(array, np.ndarray) and array.ndim == 1:
         array = array[None]
         single = True
@@ -49,7 +55,9 @@ def _check_rows(rows, config, total):
         raise ValueError("`prompts` is empty: pass at least one prompt.")
     for i, row in enumerate(rows):
         if len(row) == 0:
-            raise ValueError(f"Prompt {i} is empty: generation needs at least one token (e.g. a BOS id).")
+            raise ValueError(
+                f"Prompt {i} is empty: generation needs at least one token (e.g. a BOS id)."
+            )
         bad = [t for t in row if not 0 <= int(t) < config.vocabulary_size]
         if bad:
             raise ValueError(
@@ -77,7 +85,9 @@ def _stop_ids(model, stop_token_ids):
 
 def _step_fn(model, spec, stop_ids, pad_id):
     """The loop body: produce position `index` for every row."""
-    stop = None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
+    stop = (
+        None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
+    )
 
     def step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms):
         batch = token_ids.shape[0]
@@ -95,7 +105,9 @@ def _step_fn(model, spec, stop_ids, pad_id):
         if stop is not None:
             hit = ops.any(token[:, None] == stop[None, :], axis=-1)
             finished = ops.logical_or(finished, ops.logical_and(new, hit))
-        done = ops.logical_or(done, ops.logical_and(finished, ops.logical_not(in_prompt)))
+        done = ops.logical_or(
+            done, ops.logical_and(finished, ops.logical_not(in_prompt))
+        )
         return index + 1, token_ids, cache, done, generated
 
     return step
@@ -120,7 +132,9 @@ def _loop_fn(model, spec, stop_ids, pad_id):
             return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
 
         def body(index, token_ids, cache, done, generated):
-            return step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms)
+            return step(
+                index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
+            )
 
         state = ops.while_loop(cond, body, (start, token_ids, cache, done, generated))
         return state[1], state[4]
@@ -172,7 +186,9 @@ def generate(
         sampler = "top_p"
     spec = SamplerSpec(sampler, float(temperature), top_k, top_p)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"`max_new_tokens` must be a positive integer. Received: {max_new_tokens!r}")
+        raise ValueError(
+            f"`max_new_tokens` must be a positive integer. Received: {max_new_tokens!r}"
+        )
     config = model.config
     rows, was_text, single = _prompt_rows(model, prompts)
     lengths = np.array([len(r) for r in rows])
@@ -192,11 +208,30 @@ def generate(
     args = [token_ids, prompt_mask, limits, uniforms]
     args = [ops.convert_to_tensor(a) for a in args]
     if stream is None:
-        fn = _compiled(model, "loop", spec, stop_ids, lambda: _loop_fn(model, spec, stop_ids, pad_id))
-        out_ids, generated = fn(*args, ops.convert_to_tensor(start, "int32"), ops.convert_to_tensor(end, "int32"))
+        fn = _compiled(
+            model,
+            "loop",
+            spec,
+            stop_ids,
+            lambda: _loop_fn(model, spec, stop_ids, pad_id),
+        )
+        out_ids, generated = fn(
+            *args,
+            ops.convert_to_tensor(start, "int32"),
+            ops.convert_to_tensor(end, "int32"),
+        )
     else:
-        out_ids, generated = _stream(model, spec, stop_ids, pad_id, args, start, end, stream)
-    return _finish(model, np.asarray(ops.convert_to_numpy(out_ids)), np.asarray(ops.convert_to_numpy(generated)), prompt_mask, was_text, single)
+        out_ids, generated = _stream(
+            model, spec, stop_ids, pad_id, args, start, end, stream
+        )
+    return _finish(
+        model,
+        np.asarray(ops.convert_to_numpy(out_ids)),
+        np.asarray(ops.convert_to_numpy(generated)),
+        prompt_mask,
+        was_text,
+        single,
+    )
 
 
 def _compiled(model, kind, spec, stop_ids, make):
@@ -211,7 +246,9 @@ def _compiled(model, kind, spec, stop_ids, make):
 def _stream(model, spec, stop_ids, pad_id, args, start, end, callback):
     token_ids, prompt_mask, limits, uniforms = args
     step = _step_fn(model, spec, stop_ids, pad_id)
-    prefill = _compiled(model, "prefill", None, (), lambda: lambda ids: _prefill(model, ids))
+    prefill = _compiled(
+        model, "prefill", None, (), lambda: lambda ids: _prefill(model, ids)
+    )
     step_c = _compiled(model, "step", spec, stop_ids, lambda: step)
     cache = prefill(token_ids)
     done = ops.zeros((token_ids.shape[0],), "bool")

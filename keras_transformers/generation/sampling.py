@@ -32,13 +32,23 @@ class SamplerSpec:
 
     def __post_init__(self):
         if self.name not in SAMPLERS:
-            raise ValueError(f"Unknown sampler {self.name!r}. Expected one of {SAMPLERS}.")
+            raise ValueError(
+                f"Unknown sampler {self.name!r}. Expected one of {SAMPLERS}."
+            )
         if not self.temperature > 0:
-            raise ValueError(f"`temperature` must be > 0. Received: temperature={self.temperature}")
+            raise ValueError(
+                f"`temperature` must be > 0. Received: temperature={self.temperature}"
+            )
         if self.name == "top_k" and (self.top_k is None or self.top_k < 1):
-            raise ValueError(f"sampler='top_k' needs top_k >= 1. Received: top_k={self.top_k}")
-        if self.name == "top_p" and not (self.top_p is not None and 0 < self.top_p <= 1):
-            raise ValueError(f"sampler='top_p' needs 0 < top_p <= 1. Received: top_p={self.top_p}")
+            raise ValueError(
+                f"sampler='top_k' needs top_k >= 1. Received: top_k={self.top_k}"
+            )
+        if self.name == "top_p" and not (
+            self.top_p is not None and 0 < self.top_p <= 1
+        ):
+            raise ValueError(
+                f"sampler='top_p' needs 0 < top_p <= 1. Received: top_p={self.top_p}"
+            )
 
     @property
     def random(self) -> bool:
@@ -79,4 +89,6 @@ def next_token(logits, uniform, spec: SamplerSpec):
     before = ops.cumsum(probs, axis=-1) - probs  # mass of more likely tokens
     probs = ops.where(before < spec.top_p, probs, 0.0)  # always keeps the first
     index = _sample_from(probs, uniform)
-    return ops.cast(ops.take_along_axis(sorted_ids, index[:, None], axis=-1)[:, 0], "int32")
+    return ops.cast(
+        ops.take_along_axis(sorted_ids, index[:, None], axis=-1)[:, 0], "int32"
+    )

@@ -103,7 +103,10 @@ class MultiHeadAttention(keras.layers.Layer):
         self.rotary = None
         if rope_max_wavelength is not None:
             self.rotary = RotaryEmbedding(
-                rope_max_wavelength, rope_scaling_factor, dtype=self.dtype_policy, name="rotary"
+                rope_max_wavelength,
+                rope_scaling_factor,
+                dtype=self.dtype_policy,
+                name="rotary",
             )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
@@ -149,7 +152,9 @@ class MultiHeadAttention(keras.layers.Layer):
     def project_key_value(self, key_value):
         """Projects `[B, S, D]` encoder states once into a `[B, 2, S, K, H]`
         cross-attention cache."""
-        return ops.stack([self.key_dense(key_value), self.value_dense(key_value)], axis=1)
+        return ops.stack(
+            [self.key_dense(key_value), self.value_dense(key_value)], axis=1
+        )
 
     # ----------------------------------------------------------------- call
     def call(
@@ -176,10 +181,17 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k = self.process_heads(q, k, positions)
         if cache is not None and cache_index is not None:
             update = ops.stack([k, v], axis=1)  # [B, 2, T, K, H]
-            cache = ops.slice_update(cache, (0, 0, cache_index, 0, 0), ops.cast(update, cache.dtype))
+            cache = ops.slice_update(
+                cache, (0, 0, cache_index, 0, 0), ops.cast(update, cache.dtype)
+            )
             k, v = cache[:, 0], cache[:, 1]  # [B, S_max, K, H]
         causal = self.causal and self_attention
-        use_is_causal = causal and cache is None and key_padding_mask is None and self.sliding_window is None
+        use_is_causal = (
+            causal
+            and cache is None
+            and key_padding_mask is None
+            and self.sliding_window is None
+        )
         mask = None
         if not use_is_causal:
             mask = attention_mask(
@@ -199,7 +211,9 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout_active = self.dropout > 0 and bool(training)
         fused = (not dropout_active) if self.fused is None else self.fused
         if fused and not dropout_active:
-            return ops.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=is_causal)
+            return ops.dot_product_attention(
+                q, k, v, mask=mask, scale=scale, is_causal=is_causal
+            )
         return self._attend_grouped(q, k, v, mask, is_causal, scale, training)
 
     def _attend_grouped(self, q, k, v, mask, is_causal, scale, training):
@@ -207,7 +221,9 @@ class MultiHeadAttention(keras.layers.Layer):
         b, t = ops.shape(q)[0], ops.shape(q)[1]
         s = ops.shape(k)[1]
         groups = self.num_heads // self.num_kv_heads
-        q = ops.reshape(q, (b, t, self.num_kv_heads, groups, self.head_dim))  # [B,T,K,G,H]
+        q = ops.reshape(
+            q, (b, t, self.num_kv_heads, groups, self.head_dim)
+        )  # [B,T,K,G,H]
         logits = ops.einsum("btkgh,bskh->bkgts", q, k)  # [B, K, G, T, S]
         logits = ops.cast(logits, "float32") * scale
         if is_causal:

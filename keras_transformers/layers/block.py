@@ -78,7 +78,9 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if norm_position not in ("pre", "post"):
-            raise ValueError(f"`norm_position` must be 'pre' or 'post'. Received: {norm_position!r}")
+            raise ValueError(
+                f"`norm_position` must be 'pre' or 'post'. Received: {norm_position!r}"
+            )
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.num_kv_heads = num_kv_heads
@@ -114,7 +116,9 @@ class TransformerBlock(keras.layers.Layer):
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
         )
-        norm = lambda name: make_norm(self.norm_type, self.norm_epsilon, self.dtype_policy, name)  # noqa: E731
+        norm = lambda name: make_norm(
+            self.norm_type, self.norm_epsilon, self.dtype_policy, name
+        )  # noqa: E731
         self.self_attention = MultiHeadAttention(
             causal=self.causal,
             sliding_window=self.sliding_window,
@@ -127,7 +131,9 @@ class TransformerBlock(keras.layers.Layer):
         self.self_attention_norm = norm("self_attention_norm")
         self.self_attention_norm.build(input_shape)
         if self.cross_attention:
-            self.cross_attention_layer = MultiHeadAttention(name="cross_attention", **common)
+            self.cross_attention_layer = MultiHeadAttention(
+                name="cross_attention", **common
+            )
             self.cross_attention_layer.build(input_shape, encoder_shape or input_shape)
             self.cross_attention_norm = norm("cross_attention_norm")
             self.cross_attention_norm.build(input_shape)
@@ -169,7 +175,11 @@ class TransformerBlock(keras.layers.Layer):
 
         def attend(h):
             out = self.self_attention(
-                h, key_padding_mask=padding_mask, cache=cache, cache_index=cache_index, training=training
+                h,
+                key_padding_mask=padding_mask,
+                cache=cache,
+                cache_index=cache_index,
+                training=training,
             )
             if cache is None:
                 return out
@@ -189,7 +199,12 @@ class TransformerBlock(keras.layers.Layer):
         ff_kwargs = {"training": training}
         if getattr(self.feed_forward, "accepts_padding_mask", False):
             ff_kwargs["padding_mask"] = padding_mask
-        x = self._residual(x, self.feed_forward_norm, lambda h: self.feed_forward(h, **ff_kwargs), training)
+        x = self._residual(
+            x,
+            self.feed_forward_norm,
+            lambda h: self.feed_forward(h, **ff_kwargs),
+            training,
+        )
         return x if cache is None else (x, new_cache[0])
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
@@ -198,7 +213,8 @@ class TransformerBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         custom_ff = self.feed_forward is not None and not (
-            isinstance(self.feed_forward, FeedForward) and self.feed_forward.name == "feed_forward"
+            isinstance(self.feed_forward, FeedForward)
+            and self.feed_forward.name == "feed_forward"
         )
         config.update(
             num_heads=self.num_heads,
@@ -218,7 +234,9 @@ class TransformerBlock(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
-            feed_forward=keras.layers.serialize(self.feed_forward) if custom_ff else None,
+            feed_forward=keras.layers.serialize(self.feed_forward)
+            if custom_ff
+            else None,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
         return config

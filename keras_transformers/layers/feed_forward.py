@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import keras
 
-
 from keras_transformers.layers.serializable import serializable
 
 _ACTIVATIONS = {
@@ -18,7 +17,9 @@ _ACTIVATIONS = {
 def activation_fn(name: str):
     """Returns the activation function for a config name (see ACTIVATIONS)."""
     if name not in _ACTIVATIONS:
-        raise ValueError(f"Unknown activation {name!r}. Expected one of {sorted(_ACTIVATIONS)}.")
+        raise ValueError(
+            f"Unknown activation {name!r}. Expected one of {sorted(_ACTIVATIONS)}."
+        )
     return _ACTIVATIONS[name]
 
 
@@ -117,5 +118,3 @@ def make_norm(norm_type: str, epsilon: float, dtype=None, name=None):
     if norm_type == "layer":
         return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     raise ValueError(f"Unknown norm_type {norm_type!r}. Expected 'layer' or 'rms'.")
-
-

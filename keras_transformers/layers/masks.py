@@ -36,7 +36,9 @@ def attention_mask(
     """
     mask = None
     if causal or sliding_window is not None:
-        q_pos = ops.arange(query_length, dtype="int32") + ops.cast(query_offset, "int32")
+        q_pos = ops.arange(query_length, dtype="int32") + ops.cast(
+            query_offset, "int32"
+        )
         k_pos = ops.arange(key_length, dtype="int32")
         q_pos, k_pos = q_pos[:, None], k_pos[None, :]
         mask = k_pos <= q_pos

@@ -59,7 +59,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor)
+        config.update(
+            max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor
+        )
         return config
 
 
@@ -95,7 +97,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         i = ops.arange(dim // 2, dtype="float32")[None, :]
         angles = positions / ops.power(self.max_wavelength, 2.0 * i / dim)  # [T, D/2]
         if self.interleave:
-            pe = ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (length, -1))
+            pe = ops.reshape(
+                ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (length, -1)
+            )
         else:
             pe = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
         return ops.cast(pe[None], x.dtype)

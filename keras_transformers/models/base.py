@@ -30,7 +30,9 @@ def resolve_config(config, fields: dict) -> TransformerConfig:
     return config.replace(**fields) if fields else config
 
 
-def block_kwargs(config: TransformerConfig, causal: bool, cross_attention: bool = False) -> dict:
+def block_kwargs(
+    config: TransformerConfig, causal: bool, cross_attention: bool = False
+) -> dict:
     """Keyword arguments of a `TransformerBlock` for `config`."""
     return dict(
         num_heads=config.num_heads,
@@ -58,7 +60,9 @@ def initializer(config: TransformerConfig):
     return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
 
 
-def check_token_ids(token_ids, config: TransformerConfig, name: str = "token_ids", check_values=True):
+def check_token_ids(
+    token_ids, config: TransformerConfig, name: str = "token_ids", check_values=True
+):
     """Validates `[B, T]` token ids; returns them as an int32 tensor.
 
     Raises ValueError for a wrong rank or dtype, a length past
@@ -128,13 +132,17 @@ def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwarg
     """`num` identical, built `TransformerBlock`s for `config`."""
     blocks = []
     for i in range(num):
-        block = TransformerBlock(**block_kwargs(config, **kwargs), dtype=dtype, name=f"{prefix}_{i}")
+        block = TransformerBlock(
+            **block_kwargs(config, **kwargs), dtype=dtype, name=f"{prefix}_{i}"
+        )
         block.build((None, None, config.hidden_dim), (None, None, config.hidden_dim))
         blocks.append(block)
     return blocks
 
 
-def run_blocks(blocks, x, padding_mask, cache=None, cache_index=None, training=None, **kwargs):
+def run_blocks(
+    blocks, x, padding_mask, cache=None, cache_index=None, training=None, **kwargs
+):
     """Runs `x [B, T, D]` through `blocks`.
 
     With `cache [B, L, 2, S_max, K, H]` (one slice per block) returns
@@ -147,7 +155,12 @@ def run_blocks(blocks, x, padding_mask, cache=None, cache_index=None, training=N
     caches = []
     for i, block in enumerate(blocks):
         x, layer_cache = block(
-            x, padding_mask=padding_mask, cache=cache[:, i], cache_index=cache_index, training=training, **kwargs
+            x,
+            padding_mask=padding_mask,
+            cache=cache[:, i],
+            cache_index=cache_index,
+            training=training,
+            **kwargs,
         )
         caches.append(layer_cache)
     return x, ops.stack(caches, axis=1)
@@ -160,7 +173,11 @@ class ConfiguredModel(keras.Model):
     family: str = ""
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+        return {
+            "config": self.config.to_dict(),
+            "name": self.name,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+        }
 
     @classmethod
     def from_config(cls, config):

@@ -25,11 +25,22 @@ class CausalLM(ConfiguredModel):
 
     backbone_cls = None
 
-    def __init__(self, backbone=None, *, config=None, tokenizer=None, dtype=None, name=None, **fields):
+    def __init__(
+        self,
+        backbone=None,
+        *,
+        config=None,
+        tokenizer=None,
+        dtype=None,
+        name=None,
+        **fields,
+    ):
         if backbone is None:
             backbone = self.backbone_cls(config, dtype=dtype, **fields)
         elif config is not None or fields:
-            raise ValueError("Pass either `backbone` or `config`/config fields, not both.")
+            raise ValueError(
+                "Pass either `backbone` or `config`/config fields, not both."
+            )
         elif not isinstance(backbone, self.backbone_cls):
             raise ValueError(
                 f"{type(self).__name__} needs a {self.backbone_cls.__name__}. "

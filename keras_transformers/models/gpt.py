@@ -48,7 +48,9 @@ class GPTBackbone(ConfiguredModel):
     def __init__(self, config=None, *, dtype=None, name=None, **fields):
         config = resolve_config(config, fields)
         if config.stacks != "decoder":
-            raise ValueError(f"{type(self).__name__} needs stacks='decoder'. Received: stacks={config.stacks!r}")
+            raise ValueError(
+                f"{type(self).__name__} needs stacks='decoder'. Received: stacks={config.stacks!r}"
+            )
         super().__init__(dtype=dtype, name=name)
         self.config = config
         d = config.hidden_dim
@@ -64,7 +66,10 @@ class GPTBackbone(ConfiguredModel):
         self.position_embedding = None
         if config.position_embedding == "learned":
             self.position_embedding = PositionEmbedding(
-                config.max_sequence_length, initializer(config), dtype=self.dtype_policy, name="position_embedding"
+                config.max_sequence_length,
+                initializer(config),
+                dtype=self.dtype_policy,
+                name="position_embedding",
             )
             self.position_embedding.build((None, None, d))
         elif config.position_embedding not in ("rotary", "none"):
@@ -72,17 +77,25 @@ class GPTBackbone(ConfiguredModel):
                 f"{type(self).__name__} supports learned, rotary or no positions. "
                 f"Received: position_embedding={config.position_embedding!r}"
             )
-        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
-        self.blocks = make_blocks(config, config.num_layers, "block", self.dtype_policy, causal=True)
+        self.embedding_dropout = keras.layers.Dropout(
+            config.dropout, dtype=self.dtype_policy
+        )
+        self.blocks = make_blocks(
+            config, config.num_layers, "block", self.dtype_policy, causal=True
+        )
         self.final_norm = None
         if config.final_norm:
-            self.final_norm = make_norm(config.norm_type, config.norm_epsilon, self.dtype_policy, "final_norm")
+            self.final_norm = make_norm(
+                config.norm_type, config.norm_epsilon, self.dtype_policy, "final_norm"
+            )
             self.final_norm.build((None, None, d))
         self.built = True
 
     def call(self, inputs, cache=None, cache_index=None, training=None):
         # Decoding steps skip the value check: `generate` checks the prompt once.
-        token_ids, padding_mask = unpack_token_inputs(inputs, self.config, check_values=cache is None)
+        token_ids, padding_mask = unpack_token_inputs(
+            inputs, self.config, check_values=cache is None
+        )
         x = self.token_embedding(token_ids)  # [B, T, D]
         if self.position_embedding is not None:
             start = 0 if cache_index is None else cache_index
@@ -104,7 +117,14 @@ class GPTBackbone(ConfiguredModel):
     def init_cache(self, batch_size, max_length):
         """A zero KV cache `[B, L, 2, S_max, K, H]` in the compute dtype."""
         c = self.config
-        shape = (batch_size, c.num_layers, 2, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
+        shape = (
+            batch_size,
+            c.num_layers,
+            2,
+            max_length,
+            c.resolved_num_kv_heads,
+            c.resolved_head_dim,
+        )
         return ops.zeros(shape, dtype=self.compute_dtype)
 
 

@@ -1,0 +1,80 @@
+"""Validation helpers and the shared `to_dict` / `from_dict` of the config
+dataclasses (see `keras_transformers.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import fields
+from typing import Any
+
+
+def _fail(field_name: str, value: Any, expected: str) -> None:
+    raise ValueError(
+        f"Invalid config value `{field_name}={value!r}`: expected {expected}."
+    )
+
+
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(name, value, f"an integer >= {minimum}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and value >= low and (high is None or value < high)
+    if not ok:
+        span = f"in [{low}, {high})" if high is not None else f">= {low}"
+        _fail(name, value, f"a number {span}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(name, value, f"one of {choices}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(name, value, "True or False")
+
+
+class _Group:
+    """Shared `to_dict` / `from_dict` for the frozen config dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, _Group) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{cls.__name__}.from_dict expects a dict. Received: {type(data).__name__}"
+            )
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(
+                f"Unknown {cls.__name__} key(s) {unknown}. Known keys: {sorted(known)}."
+            )
+        kwargs = dict(data)
+        for name, group in getattr(cls, "_groups", lambda: {})().items():
+            if kwargs.get(name) is not None:
+                kwargs[name] = group.from_dict(kwargs[name])
+        return cls(**kwargs)
+
+    def replace(self, **changes):
+        """Returns a copy with `changes` applied (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                f"Unknown {type(self).__name__} key(s) {unknown}. Known keys: {sorted(known)}."
+            )
+        return dataclasses.replace(self, **changes)

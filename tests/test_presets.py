@@ -1,0 +1,122 @@
+"""Every built-in preset validates, and its `params` figure is true."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import keras_transformers as kt
+from keras_transformers import presets
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL = kt.list_presets()
+
+# Published sizes: name -> (params, relative tolerance)
+PUBLISHED = {
+    "gpt2_small": (124e6, 0.01),
+    "gpt2_medium": (355e6, 0.01),
+    "gpt2_large": (774e6, 0.01),
+    "gpt2_xl": (1558e6, 0.01),
+    "llama2_7b": (6.74e9, 0.005),
+    "llama2_13b": (13.0e9, 0.01),
+    "llama3_8b": (8.03e9, 0.005),
+}
+
+
+def test_every_family_prefix_has_a_tiny_preset():
+    for family in {p["family"] for p in ALL.values()}:
+        prefix = "transformer" if family == "transformer" else family
+        assert any(
+            n.startswith(prefix) and "tiny" in n
+            for n, p in ALL.items()
+            if p["family"] == family
+        )
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_preset_validates_and_params_match(name):
+    data = presets._builtin(name)
+    assert set(data) == {"family", "config", "metadata"}
+    assert {"description", "params", "reference"} <= set(data["metadata"])
+    config = kt.load_config(name)
+    assert data["metadata"]["params"] == config.num_params()
+    if name in PUBLISHED:
+        expected, tol = PUBLISHED[name]
+        assert abs(config.num_params() - expected) / expected < tol
+
+
+@pytest.mark.parametrize("name", [n for n, p in ALL.items() if p["params"] < 5e6])
+def test_small_presets_build_with_matching_params(name):
+    model = kt.from_preset(name)
+    assert model.count_params() == ALL[name]["params"]
+
+
+@pytest.mark.large
+def test_gpt2_small_builds_with_124m_params():
+    model = kt.models.GPTCausalLM.from_preset("gpt2_small")
+    assert model.count_params() == 124_439_808
+
+
+def test_list_presets_filters_and_errors():
+    gpt = kt.list_presets("gpt")
+    assert "gpt2_small" in gpt and all(p["family"] == "gpt" for p in gpt.values())
+    with pytest.raises(ValueError, match="family"):
+        kt.list_presets("rnn")
+
+
+def test_load_config_overrides_and_json_file(tmp_path):
+    config = kt.load_config("gpt2_tiny", max_sequence_length=64)
+    assert config.max_sequence_length == 64
+    path = tmp_path / "mine.json"
+    path.write_text(
+        json.dumps({"family": "gpt", "config": config.to_dict(), "metadata": {}})
+    )
+    assert kt.load_config(str(path)) == config
+
+
+def test_not_a_preset_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        kt.from_preset(str(tmp_path))
+
+
+@pytest.mark.large
+def test_wheel_ships_presets(tmp_path):
+    """A non-editable install finds the presets from another directory."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+    )
+    assert (
+        target / "keras_transformers" / "preset_files" / "gpt" / "gpt2_small.json"
+    ).exists()
+    code = (
+        "import keras_transformers as kt, sys;"
+        "assert 'site' in kt.__file__, kt.__file__;"
+        "m = kt.models.GPTBackbone.from_preset('gpt2_small', num_layers=1);"
+        "print(kt.load_config('gpt2_small').num_params())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("124439808")
