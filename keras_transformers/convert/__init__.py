@@ -4,7 +4,9 @@ A Hugging Face model directory (`config.json` with `model_type`, plus
 `model.safetensors` or sharded safetensors) loads with any `from_preset`:
 
 >>> lm = keras_transformers.from_preset("path/to/hf/gpt2")  # doctest: +SKIP
->>> export_hf(lm, "out/")  # AutoModelForCausalLM.from_pretrained("out/") works
+>>> export_hf(lm, "out/")  # doctest: +SKIP
+
+`transformers.AutoModelForCausalLM.from_pretrained("out/")` then loads it.
 
 One small module per `model_type` (see `CONVERTERS`) maps the config and the
 weights both ways; nothing is ever unpickled.

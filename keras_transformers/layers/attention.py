@@ -61,7 +61,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, causal=True)
-    >>> layer(keras.ops.ones((2, 5, 32))).shape
+    >>> tuple(layer(keras.ops.ones((2, 5, 32))).shape)
     (2, 5, 32)
     """
 

@@ -26,7 +26,7 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
 
     Example:
     >>> emb = TokenEmbedding(100, 16)
-    >>> emb(emb(keras.ops.ones((2, 3), "int32")), reverse=True).shape
+    >>> tuple(emb(emb(keras.ops.ones((2, 3), "int32")), reverse=True).shape)
     (2, 3, 100)
     """
 

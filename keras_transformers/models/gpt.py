@@ -39,7 +39,7 @@ class GPTBackbone(ConfiguredModel):
 
     Example:
     >>> model = GPTBackbone.from_preset("gpt2_tiny")
-    >>> model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape
+    >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
     (1, 8, 64)
     """
 
@@ -140,7 +140,7 @@ class GPTCausalLM(CausalLM):
 
     Example:
     >>> lm = GPTCausalLM.from_preset("gpt2_tiny")
-    >>> lm.generate([[1, 2, 3]], max_new_tokens=4).shape
+    >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
     (1, 7)
     """
 
