@@ -59,3 +59,43 @@ def concrete_numpy(x):
         return keras.ops.convert_to_numpy(x)
     except Exception:  # a tracer or symbolic tensor
         return None
+
+
+def supports_native_gqa() -> bool:
+    """Whether `dot_product_attention` below attends grouped K/V heads
+    without repeating them (JAX natively, PyTorch through `enable_gqa`)."""
+    return keras.config.backend() in ("jax", "torch")
+
+
+def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=False):
+    """Fused attention on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values.
+
+    PyTorch: `scaled_dot_product_attention(..., enable_gqa=True)`, which
+    Keras' own op lacks (it repeats K/V). Elsewhere:
+    `keras.ops.dot_product_attention`. `mask` is boolean, True = attend,
+    broadcastable to `[B, N, T, S]`.
+    """
+    if keras.config.backend() != "torch" or query.shape[2] == key.shape[2]:
+        return keras.ops.dot_product_attention(
+            query, key, value, mask=mask, scale=scale, is_causal=is_causal
+        )
+    import torch
+
+    q, k, v = (
+        keras.ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value)
+    )
+    if mask is not None:  # additive and finite: fully masked rows stay finite
+        mask = keras.ops.convert_to_tensor(mask).to(torch.bool)
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~mask, torch.finfo(q.dtype).min
+        )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=is_causal and mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)

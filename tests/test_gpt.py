@@ -247,3 +247,10 @@ def test_unknown_preset_and_overrides():
     assert lm.config.dropout == 0.2 and len(lm.backbone.blocks) == 1
     with pytest.raises(ValueError, match="num_heads"):
         GPTCausalLM.from_preset("gpt2_tiny", num_heads=7)
+
+
+def test_left_padding_stays_finite(lm):
+    """Fully masked query rows (left padding) must not turn real rows into NaN."""
+    ids = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]], "int32")
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)
+    assert np.isfinite(to_numpy(lm({"token_ids": ids, "padding_mask": mask}))).all()

@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.serializable import serializable
@@ -38,8 +39,10 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_max_wavelength: if set, rotary positions with this base are
             applied to queries and keys (see `process_heads`).
         rope_scaling_factor: rotary position interpolation factor.
-        fused: use `keras.ops.dot_product_attention`. None (default) picks
-            it whenever attention dropout is inactive.
+        fused: use fused attention (`keras.ops.dot_product_attention`, or
+            torch's SDPA with native GQA). None (default) picks it unless
+            attention dropout is active or the backend would have to
+            repeat K/V heads (TensorFlow with GQA).
         kernel_initializer: initializer of the projection kernels.
 
     Call arguments:
@@ -209,9 +212,14 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend(self, q, k, v, mask, is_causal, training):
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout_active = self.dropout > 0 and bool(training)
-        fused = (not dropout_active) if self.fused is None else self.fused
+        grouped = self.num_heads != self.num_kv_heads
+        fused = self.fused
+        if fused is None:  # fused unless it would need dropout or repeated K/V
+            fused = not dropout_active and (
+                not grouped or backend.supports_native_gqa()
+            )
         if fused and not dropout_active:
-            return ops.dot_product_attention(
+            return backend.dot_product_attention(
                 q, k, v, mask=mask, scale=scale, is_causal=is_causal
             )
         return self._attend_grouped(q, k, v, mask, is_causal, scale, training)
