@@ -4,24 +4,21 @@ MHA vs GQA, tied vs untied head)."""
 
 from __future__ import annotations
 
-import keras
 from keras import ops
 
-from keras_transformers.layers import PositionEmbedding, TokenEmbedding, make_norm
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
-    ConfiguredModel,
-    initializer,
     make_blocks,
     resolve_config,
     run_blocks,
     unpack_token_inputs,
 )
 from keras_transformers.models.causal_lm import CausalLM
+from keras_transformers.models.text import TextBackbone
 
 
 @serializable
-class GPTBackbone(ConfiguredModel):
+class GPTBackbone(TextBackbone):
     """Decoder-only transformer: embeddings, causal blocks, final norm.
 
     Args:
@@ -53,42 +50,11 @@ class GPTBackbone(ConfiguredModel):
             )
         super().__init__(dtype=dtype, name=name)
         self.config = config
-        d = config.hidden_dim
-        self.token_embedding = TokenEmbedding(
-            config.vocabulary_size,
-            d,
-            tie_weights=config.tie_embeddings,
-            embeddings_initializer=initializer(config),
-            dtype=self.dtype_policy,
-            name="token_embedding",
-        )
-        self.token_embedding.build((None, None))
-        self.position_embedding = None
-        if config.position_embedding == "learned":
-            self.position_embedding = PositionEmbedding(
-                config.max_sequence_length,
-                initializer(config),
-                dtype=self.dtype_policy,
-                name="position_embedding",
-            )
-            self.position_embedding.build((None, None, d))
-        elif config.position_embedding not in ("rotary", "none"):
-            raise ValueError(
-                f"{type(self).__name__} supports learned, rotary or no positions. "
-                f"Received: position_embedding={config.position_embedding!r}"
-            )
-        self.embedding_dropout = keras.layers.Dropout(
-            config.dropout, dtype=self.dtype_policy
-        )
+        self._build_embeddings()
         self.blocks = make_blocks(
             config, config.num_layers, "block", self.dtype_policy, causal=True
         )
-        self.final_norm = None
-        if config.final_norm:
-            self.final_norm = make_norm(
-                config.norm_type, config.norm_epsilon, self.dtype_policy, "final_norm"
-            )
-            self.final_norm.build((None, None, d))
+        self.final_norm = self._norm("final_norm") if config.final_norm else None
         self.built = True
 
     def call(self, inputs, cache=None, cache_index=None, training=None):
@@ -96,11 +62,8 @@ class GPTBackbone(ConfiguredModel):
         token_ids, padding_mask = unpack_token_inputs(
             inputs, self.config, check_values=cache is None
         )
-        x = self.token_embedding(token_ids)  # [B, T, D]
-        if self.position_embedding is not None:
-            start = 0 if cache_index is None else cache_index
-            x = x + self.position_embedding(x, start_index=start)
-        x = self.embedding_dropout(x, training=training)
+        start = 0 if cache_index is None else cache_index
+        x = self.embed(token_ids, start_index=start, training=training)  # [B, T, D]
         if cache is not None:
             # While decoding, every cached position before the query is real.
             x, cache = run_blocks(self.blocks, x, None, cache, cache_index, training)
@@ -109,10 +72,6 @@ class GPTBackbone(ConfiguredModel):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x if cache is None else (x, cache)
-
-    def logits(self, hidden):
-        """Projects hidden states `[B, T, D]` to logits `[B, T, V]`."""
-        return self.token_embedding(hidden, reverse=True)
 
     def init_cache(self, batch_size, max_length):
         """A zero KV cache `[B, L, 2, S_max, K, H]` in the compute dtype."""
