@@ -163,6 +163,8 @@ class TransformerConfig(_Group):
         norm_epsilon: epsilon of every norm.
         final_norm: a norm after the last block (pre-norm stacks).
         embedding_norm: a norm after the embeddings (BERT).
+        pooler: a tanh dense layer on the first token's final state (BERT's
+            `pooled_output`).
         position_embedding: "learned", "sinusoidal", "rotary" or "none".
         rope_max_wavelength: rotary base (theta).
         rope_scaling_factor: linear position-interpolation factor for rotary.
@@ -199,6 +201,7 @@ class TransformerConfig(_Group):
     norm_epsilon: float = 1e-5
     final_norm: bool = True
     embedding_norm: bool = False
+    pooler: bool = False
     position_embedding: str = "learned"
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
@@ -247,6 +250,7 @@ class TransformerConfig(_Group):
         for name in (
             "final_norm",
             "embedding_norm",
+            "pooler",
             "gated_feed_forward",
             "use_bias",
             "tie_embeddings",
@@ -361,6 +365,8 @@ class TransformerConfig(_Group):
                 )
             if self.final_norm:
                 total += norm
+        if self.pooler:
+            total += d * d + d
         # Output head.
         if self.vocabulary_size and not self.tie_embeddings:
             total += self.vocabulary_size * d

@@ -181,8 +181,13 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
             Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides
         )
     data = _preset_data(handle)
-    config = load_config(handle, **overrides)
     cls, saved_cls = _resolve_class(data, cls)
+    task_args = {
+        k: overrides.pop(k) for k in list(overrides) if k in cls_task_arguments(cls)
+    }
+    if saved_cls is cls:
+        task_args = {**data.get("task", {}), **task_args}
+    config = load_config(handle, **overrides)
     tokenizer = None
     if kind == "saved":
         from keras_transformers.tokenizer import load_tokenizer
@@ -190,34 +195,44 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
         if (Path(handle) / TOKENIZER_DIR).is_dir():
             tokenizer = load_tokenizer(Path(handle) / TOKENIZER_DIR)
     if kind != "saved" or not load_weights:
-        return _instantiate(cls, config, dtype, tokenizer)
+        return _instantiate(cls, config, dtype, tokenizer, task_args)
     weights = Path(handle) / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(
             f"{weights} is missing. Save the model again with `save_to_preset`, or pass "
             "`load_weights=False` for a randomly initialised model."
         )
-    source = _instantiate(saved_cls, config, dtype, tokenizer)
+    source = _instantiate(saved_cls, config, dtype, tokenizer, data.get("task"))
     _load_weights(source, weights)
-    return _convert_between(source, cls, tokenizer)
+    return _convert_between(source, cls, tokenizer, task_args)
 
 
-def _instantiate(cls, config, dtype, tokenizer):
+def cls_task_arguments(cls) -> tuple:
+    """Head arguments a class takes besides the config (e.g. `num_classes`)."""
+    return tuple(getattr(cls, "task_arguments", ()))
+
+
+def _instantiate(cls, config, dtype, tokenizer, task_args=None):
     if getattr(cls, "backbone_cls", None) is not None:
-        return cls(config=config, dtype=dtype, tokenizer=tokenizer)
+        return cls(config=config, dtype=dtype, tokenizer=tokenizer, **(task_args or {}))
     return cls(config=config, dtype=dtype)
 
 
-def _convert_between(model, cls, tokenizer):
-    """A task preset loads as its backbone and a backbone preset as a task."""
-    if isinstance(model, cls):
+def _convert_between(model, cls, tokenizer, task_args=None):
+    """A task preset loads as its backbone, a backbone preset as any task of
+    its family (with a new head), and a task with other head arguments
+    keeps its backbone and gets a new head."""
+    same_head = all(getattr(model, k, None) == v for k, v in (task_args or {}).items())
+    if isinstance(model, cls) and same_head:
         return model
-    if hasattr(model, "backbone") and isinstance(model.backbone, cls):
-        return model.backbone
+    backbone = getattr(model, "backbone", model)
+    if isinstance(backbone, cls):
+        return backbone
     if getattr(cls, "backbone_cls", None) is not None and isinstance(
-        model, cls.backbone_cls
+        backbone, cls.backbone_cls
     ):
-        return cls(model, tokenizer=tokenizer)
+        tokenizer = tokenizer or getattr(model, "tokenizer", None)
+        return cls(backbone, tokenizer=tokenizer, **(task_args or {}))
     raise ValueError(
         f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}."
     )
@@ -245,6 +260,8 @@ def save_model(model, directory) -> None:
         "family": model.family,
         "config": model.config.to_dict(),
     }
+    if hasattr(model, "task_config") and model.task_config():
+        meta["task"] = model.task_config()
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     model.save_weights(str(path / WEIGHTS_FILE))
     metadata = {

@@ -4,6 +4,7 @@ from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.block import TransformerBlock
 from keras_transformers.layers.embeddings import TokenEmbedding
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
+from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import (
     PositionEmbedding,
@@ -13,6 +14,7 @@ from keras_transformers.layers.positions import (
 
 __all__ = [
     "FeedForward",
+    "MaskedLMHead",
     "MultiHeadAttention",
     "PositionEmbedding",
     "RotaryEmbedding",

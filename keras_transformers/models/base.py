@@ -200,3 +200,60 @@ class ConfiguredModel(keras.Model):
         from keras_transformers import presets
 
         presets.save_model(self, directory)
+
+
+class TaskModel(ConfiguredModel):
+    """Base of task models: a backbone of `backbone_cls` plus a head.
+
+    Args:
+        backbone: a built backbone; if None, one is made from `config` and
+            the keyword config fields.
+        config: a `TransformerConfig` or dict (when `backbone` is None).
+        tokenizer: optional tokenizer (or preprocessor), saved with
+            `save_to_preset`.
+
+    Subclasses with head arguments (e.g. `num_classes`) list them in
+    `task_arguments`; they are saved in `get_config()` and in presets.
+    """
+
+    backbone_cls = None
+    task_arguments: tuple = ()
+
+    def __init__(
+        self,
+        backbone=None,
+        *,
+        config=None,
+        tokenizer=None,
+        dtype=None,
+        name=None,
+        **fields,
+    ):
+        if backbone is None:
+            backbone = self.backbone_cls(config, dtype=dtype, **fields)
+        elif config is not None or fields:
+            raise ValueError(
+                "Pass either `backbone` or `config`/config fields, not both."
+            )
+        elif not isinstance(backbone, self.backbone_cls):
+            raise ValueError(
+                f"{type(self).__name__} needs a {self.backbone_cls.__name__}. "
+                f"Received: {type(backbone).__name__}"
+            )
+        super().__init__(dtype=backbone.dtype_policy, name=name)
+        self.backbone = backbone
+        self.config = backbone.config
+        self.tokenizer = tokenizer
+        self.built = True  # heads added by subclasses are built in their __init__
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.backbone_cls is not None:
+            cls.family = cls.backbone_cls.family
+
+    def task_config(self) -> dict:
+        """The head arguments (`task_arguments`) and their values."""
+        return {key: getattr(self, key) for key in self.task_arguments}
+
+    def get_config(self):
+        return {**super().get_config(), **self.task_config()}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from keras_transformers.models.base import ConfiguredModel
+from keras_transformers.models.base import TaskModel
 
 
-class CausalLM(ConfiguredModel):
+class CausalLM(TaskModel):
     """A decoder backbone plus its LM head, with `generate()`.
 
     Args:
@@ -22,40 +22,6 @@ class CausalLM(ConfiguredModel):
         Logits `[B, T, vocabulary_size]` (float32 under mixed precision is
         left to the loss, which computes in float32).
     """
-
-    backbone_cls = None
-
-    def __init__(
-        self,
-        backbone=None,
-        *,
-        config=None,
-        tokenizer=None,
-        dtype=None,
-        name=None,
-        **fields,
-    ):
-        if backbone is None:
-            backbone = self.backbone_cls(config, dtype=dtype, **fields)
-        elif config is not None or fields:
-            raise ValueError(
-                "Pass either `backbone` or `config`/config fields, not both."
-            )
-        elif not isinstance(backbone, self.backbone_cls):
-            raise ValueError(
-                f"{type(self).__name__} needs a {self.backbone_cls.__name__}. "
-                f"Received: {type(backbone).__name__}"
-            )
-        super().__init__(dtype=backbone.dtype_policy, name=name)
-        self.backbone = backbone
-        self.config = backbone.config
-        self.tokenizer = tokenizer
-        self.built = True
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.backbone_cls is not None:
-            cls.family = cls.backbone_cls.family
 
     def call(self, inputs, training=None):
         return self.backbone.logits(self.backbone(inputs, training=training))

@@ -1,0 +1,188 @@
+"""BERT-like encoders: post-norm blocks over token, position and segment
+embeddings, a tanh pooler, and masked-LM / classification heads."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_transformers.layers.heads import MaskedLMHead
+from keras_transformers.layers.serializable import serializable
+from keras_transformers.models.base import (
+    TaskModel,
+    initializer,
+    make_blocks,
+    resolve_config,
+    run_blocks,
+    unpack_token_inputs,
+)
+from keras_transformers.models.text import TextBackbone
+
+
+@serializable
+class BertBackbone(TextBackbone):
+    """Bidirectional encoder (BERT).
+
+    Args:
+        config: a `TransformerConfig` (or dict) with `stacks="encoder"`;
+            keyword fields override it.
+
+    Call arguments:
+        inputs: `{"token_ids": [B, T], "segment_ids": [B, T] (optional),
+            "padding_mask": [B, T]}` or the `[B, T]` ids alone.
+
+    Returns:
+        `{"sequence_output": [B, T, D], "pooled_output": [B, D]}`; the pooled
+        output is the tanh pooler on the first token (`[CLS]`), or that
+        token's state when the config has no pooler.
+
+    Example:
+    >>> bert = BertBackbone.from_preset("bert_tiny")
+    >>> out = bert({"token_ids": np.ones((1, 8), "int32")})
+    >>> tuple(out["pooled_output"].shape)
+    (1, 128)
+    """
+
+    family = "bert"
+
+    def __init__(self, config=None, *, dtype=None, name=None, **fields):
+        config = resolve_config(config, fields)
+        if config.stacks != "encoder":
+            raise ValueError(
+                f"{type(self).__name__} needs stacks='encoder'. Received: stacks={config.stacks!r}"
+            )
+        super().__init__(dtype=dtype, name=name)
+        self.config = config
+        self._build_embeddings()
+        self.blocks = make_blocks(
+            config, config.num_layers, "block", self.dtype_policy, causal=False
+        )
+        self.final_norm = self._norm("final_norm") if config.final_norm else None
+        self.pooler = None
+        if config.pooler:
+            self.pooler = keras.layers.Dense(
+                config.hidden_dim,
+                activation="tanh",
+                kernel_initializer=initializer(config),
+                dtype=self.dtype_policy,
+                name="pooler",
+            )
+            self.pooler.build((None, config.hidden_dim))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        token_ids, padding_mask, segment_ids = unpack_token_inputs(
+            inputs, self.config, extra=("segment_ids",)
+        )
+        x = self.embed(token_ids, segment_ids, training=training)  # [B, T, D]
+        x = run_blocks(self.blocks, x, padding_mask, training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        first = x[:, 0, :]  # [B, D]
+        pooled = self.pooler(first) if self.pooler is not None else first
+        return {"sequence_output": x, "pooled_output": pooled}
+
+
+@serializable
+class BertMaskedLM(TaskModel):
+    """BERT with its masked-LM head (tied to the token embedding).
+
+    Call arguments:
+        inputs: the backbone's inputs plus `mask_positions` `[B, P]`, the
+            positions to predict (as made by `MaskedLMMasker`).
+
+    Returns:
+        `[B, P, vocabulary_size]` logits at the masked positions only.
+    """
+
+    backbone_cls = BertBackbone
+
+    def __init__(self, backbone=None, **kwargs):
+        super().__init__(backbone, **kwargs)
+        c = self.config
+        self.masked_lm_head = MaskedLMHead(
+            c.vocabulary_size,
+            activation=c.activation,
+            norm_type=c.norm_type,
+            norm_epsilon=c.norm_epsilon,
+            kernel_initializer=initializer(c),
+            dtype=self.dtype_policy,
+            name="masked_lm_head",
+        )
+        self.masked_lm_head.build((None, None, c.hidden_dim))
+
+    def call(self, inputs, training=None):
+        if not isinstance(inputs, dict) or "mask_positions" not in inputs:
+            raise ValueError(
+                "BertMaskedLM inputs need 'mask_positions' [batch, num_masked]: the "
+                "positions whose tokens to predict (see MaskedLMMasker)."
+            )
+        hidden = self.backbone(inputs, training=training)["sequence_output"]
+        return self.masked_lm_head(
+            hidden,
+            inputs["mask_positions"],
+            token_embedding=self.backbone.token_embedding,
+        )
+
+
+class _Classifier(TaskModel):
+    """Dropout and a dense layer on top of a backbone output."""
+
+    backbone_cls = BertBackbone
+    task_arguments = ("num_classes", "classifier_dropout")
+
+    def __init__(
+        self, backbone=None, *, num_classes=2, classifier_dropout=0.1, **kwargs
+    ):
+        super().__init__(backbone, **kwargs)
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
+            )
+        self.num_classes = num_classes
+        self.classifier_dropout = classifier_dropout
+        self.dropout = keras.layers.Dropout(classifier_dropout, dtype=self.dtype_policy)
+        self.classifier = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=initializer(self.config),
+            dtype=self.dtype_policy,
+            name="classifier",
+        )
+        self.classifier.build((None, self.config.hidden_dim))
+
+    def _head(self, features, training):
+        return self.classifier(self.dropout(features, training=training))
+
+
+@serializable
+class BertClassifier(_Classifier):
+    """Sequence classification on the pooled (`[CLS]`) output.
+
+    Args:
+        backbone: a `BertBackbone` (or build one from `config`).
+        num_classes: number of labels.
+        classifier_dropout: dropout before the classifier.
+
+    Returns:
+        `[B, num_classes]` logits.
+    """
+
+    def call(self, inputs, training=None):
+        return self._head(
+            self.backbone(inputs, training=training)["pooled_output"], training
+        )
+
+
+@serializable
+class BertTokenClassifier(_Classifier):
+    """Per-token classification (tagging). Train with a loss that ignores
+    padding, e.g. `MaskedSparseCategoricalCrossentropy(ignore_class=-100)` or
+    `sample_weight=padding_mask`.
+
+    Returns:
+        `[B, T, num_classes]` logits.
+    """
+
+    def call(self, inputs, training=None):
+        return self._head(
+            self.backbone(inputs, training=training)["sequence_output"], training
+        )
