@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import keras
 
+_DIRECT_CALLS = [False]
 
-def compile_function(fn, variables):
+
+def call_layer(layer, *args, **kwargs):
+    """Calls a built layer. Inside `compile_function(..., direct_calls=True)`
+    on PyTorch it skips Keras' `Layer.__call__` bookkeeping (the per-token
+    cost of eager decoding, about half the step time) and runs `layer.call`;
+    everywhere else it is `layer(*args, **kwargs)`."""
+    if _DIRECT_CALLS[0]:
+        return layer.call(*args, **kwargs)
+    return layer(*args, **kwargs)
+
+
+def compile_function(fn, variables, direct_calls=False):
     """Compiles `fn(*tensors)` for inference where the backend compiles.
 
     JAX: `jax.jit` of a pure function, with `variables` passed as
     arguments through a `keras.StatelessScope` (no weights baked into the
     program, so it stays valid after training). TensorFlow:
     `tf.function(jit_compile=True)` (XLA). PyTorch: eager under
-    `torch.no_grad()` (no autograd bookkeeping per token).
+    `torch.no_grad()` (no autograd bookkeeping per token) and, with
+    `direct_calls=True` (only for models whose compute and variable dtypes
+    agree: no autocasting needed), `call_layer` runs `layer.call` directly.
     """
     backend = keras.config.backend()
     if backend == "jax":
@@ -36,8 +50,13 @@ def compile_function(fn, variables):
         import torch
 
         def no_grad(*args):
-            with torch.no_grad():
-                return fn(*args)
+            previous = _DIRECT_CALLS[0]
+            _DIRECT_CALLS[0] = direct_calls
+            try:
+                with torch.no_grad():
+                    return fn(*args)
+            finally:
+                _DIRECT_CALLS[0] = previous
 
         return no_grad
     return fn
@@ -99,3 +118,22 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
         enable_gqa=True,
     )
     return out.transpose(1, 2)
+
+
+def update_cache(cache, update, index):
+    """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
+
+    PyTorch without autograd (decoding) writes in place, avoiding a copy of
+    the whole cache per token; everywhere else this is
+    `keras.ops.slice_update`, which XLA performs in place inside loops.
+    """
+    update = keras.ops.cast(update, cache.dtype)
+    if keras.config.backend() == "torch":
+        import torch
+
+        if not torch.is_grad_enabled():
+            start = int(index)
+            cache[:, start : start + update.shape[1]] = update
+            return cache
+    starts = (0, index) + (0,) * (len(cache.shape) - 2)
+    return keras.ops.slice_update(cache, starts, update)

@@ -220,22 +220,41 @@ def _instantiate(cls, config, dtype, tokenizer, task_args=None):
 
 def _convert_between(model, cls, tokenizer, task_args=None):
     """A task preset loads as its backbone, a backbone preset as any task of
-    its family (with a new head), and a task with other head arguments
-    keeps its backbone and gets a new head."""
-    same_head = all(getattr(model, k, None) == v for k, v in (task_args or {}).items())
-    if isinstance(model, cls) and same_head:
+    its family (with a new head), and a task with other head arguments keeps
+    its backbone, and its head weights wherever their shapes still fit."""
+    task_args = task_args or {}
+    if isinstance(model, cls) and all(
+        getattr(model, k) == v for k, v in task_args.items()
+    ):
         return model
     backbone = getattr(model, "backbone", model)
     if isinstance(backbone, cls):
         return backbone
-    if getattr(cls, "backbone_cls", None) is not None and isinstance(
+    if getattr(cls, "backbone_cls", None) is None or not isinstance(
         backbone, cls.backbone_cls
     ):
-        tokenizer = tokenizer or getattr(model, "tokenizer", None)
-        return cls(backbone, tokenizer=tokenizer, **(task_args or {}))
-    raise ValueError(
-        f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}."
+        raise ValueError(
+            f"A {type(model).__name__} preset cannot be loaded as {cls.__name__}."
+        )
+    new = cls(
+        backbone, tokenizer=tokenizer or getattr(model, "tokenizer", None), **task_args
     )
+    if type(model) is cls:  # same head, other arguments (e.g. dropout)
+        _copy_head_weights(model, new)
+    return new
+
+
+def _copy_head_weights(source, target):
+    backbone_ids = {id(v) for v in source.backbone.weights}
+    old = [v for v in source.weights if id(v) not in backbone_ids]
+    new = [
+        v
+        for v in target.weights
+        if id(v) not in {id(w) for w in target.backbone.weights}
+    ]
+    for a, b in zip(old, new):
+        if tuple(a.shape) == tuple(b.shape):
+            b.assign(a.value)
 
 
 def _load_weights(model, path):

@@ -138,3 +138,11 @@ def test_tiny_preset_and_mixed_precision(inputs):
     logits = to_numpy(keras.ops.cast(clf(inputs), "float32"))
     assert np.isfinite(logits).all()
     run_fit_test(clf, inputs, np.array([0, 1]))
+
+
+def test_reloading_with_new_dropout_keeps_trained_head(backbone, inputs, tmp_path):
+    clf = BertClassifier(backbone, num_classes=3, classifier_dropout=0.1)
+    clf.save_to_preset(str(tmp_path / "c"))
+    again = BertClassifier.from_preset(str(tmp_path / "c"), classifier_dropout=0.3)
+    assert again.classifier_dropout == 0.3
+    assert_close(again(inputs), clf(inputs), atol=1e-6)

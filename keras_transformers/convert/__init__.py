@@ -18,18 +18,26 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_transformers.convert import gpt2, llama
+from keras_transformers.convert import bert, gpt2, llama
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 
 # model_type -> converter module.
-CONVERTERS = {gpt2.MODEL_TYPE: gpt2, llama.MODEL_TYPE: llama}
+CONVERTERS = {gpt2.MODEL_TYPE: gpt2, llama.MODEL_TYPE: llama, bert.MODEL_TYPE: bert}
+
+
+def _family(module) -> str:
+    return getattr(module, "FAMILY", "gpt")
 
 
 def _converter(model_type):
     if model_type not in CONVERTERS:
+        families = {}
+        for name, module in CONVERTERS.items():
+            families.setdefault(_family(module), []).append(name)
+        listed = ", ".join(f"{sorted(v)} ({k})" for k, v in families.items())
         raise ValueError(
             f"Hugging Face model_type {model_type!r} is not supported. "
-            f"Supported model types: {sorted(CONVERTERS)}."
+            f"Supported model types: {listed}."
         )
     return CONVERTERS[model_type]
 
@@ -46,6 +54,8 @@ def _read(path: Path):
 
 
 def _preset_data(hf: dict, module) -> dict:
+    if hasattr(module, "preset_data"):  # families with several task classes
+        return module.preset_data(hf)
     base = set(hf.get("architectures") or ()) == {module.BASE_ARCHITECTURE}
     return {
         "family": "gpt",
@@ -61,9 +71,11 @@ def hf_preset_data(path) -> dict:
         path: directory with a `config.json` holding `model_type`.
 
     Returns:
-        `{"family": "gpt", "class_name": ..., "config": {TransformerConfig
-        fields}}`. The class is `GPTBackbone` for a base-model checkpoint
-        (`architectures: ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`.
+        `{"family", "class_name", "config": {TransformerConfig fields}}`
+        (+ `"task"`: head arguments such as `num_classes`). GPT: the class
+        is `GPTBackbone` for a base-model checkpoint (`architectures:
+        ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`; BERT: see
+        `keras_transformers.convert.bert`.
 
     Raises:
         ValueError: unknown `model_type`, or an option we cannot convert.
@@ -90,13 +102,16 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
 
     Args:
         path: the model directory.
-        cls: the class asked for (None: `GPTCausalLM`, or `GPTBackbone` for a
-            base-model checkpoint). A backbone may be loaded from a causal-LM
-            checkpoint and a causal LM from a base checkpoint with a tied head.
+        cls: the class asked for (None: the checkpoint's, see
+            `hf_preset_data`). A backbone may be loaded from a task
+            checkpoint, and a task model from another checkpoint of its
+            family (a causal LM needs a tied head or `lm_head.weight`; BERT
+            heads the checkpoint lacks are new, with a warning).
         load_weights: convert the weights; False gives a random init.
         dtype: dtype policy, e.g. "bfloat16".
         **overrides: config fields to change (e.g. `max_sequence_length`;
-            learned position tables are cut or grown to fit).
+            learned position tables are cut or grown to fit), or head
+            arguments of `cls` (e.g. `num_classes`).
 
     Raises:
         FileNotFoundError: no safetensors weights (e.g. only a pickled
@@ -104,19 +119,32 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
         ValueError: unsupported config, or a missing / misshapen weight.
     """
     from keras_transformers.config import TransformerConfig
-    from keras_transformers.presets import _instantiate, _resolve_class
+    from keras_transformers.presets import (
+        _instantiate,
+        _resolve_class,
+        cls_task_arguments,
+    )
 
     path = Path(path)
     hf, module = _read(path)
     data = _preset_data(hf, module)
-    config = TransformerConfig.from_dict(data["config"])
-    config = config.replace(**overrides) if overrides else config
-    target, _ = _resolve_class(data, cls)
+    target, saved = _resolve_class(data, cls)
+    task = {k: overrides.pop(k) for k in cls_task_arguments(target) if k in overrides}
+    task = {**data.get("task", {}), **task} if target is saved else task
     checkpoint = Checkpoint(path) if load_weights else None
-    model = _instantiate(target, config, dtype, _load_tokenizer(path))
+    fields = data["config"]
+    if hasattr(module, "fit_config"):  # e.g. a BERT pooler only when saved
+        fields = module.fit_config(fields, checkpoint, target)
+    config = TransformerConfig.from_dict(fields)
+    config = config.replace(**overrides) if overrides else config
+    model = _instantiate(target, config, dtype, _load_tokenizer(path), task)
     if checkpoint is not None:
-        backbone = getattr(model, "backbone", model)
-        module.load_weights(backbone, checkpoint, require_head=backbone is not model)
+        if hasattr(module, "load_model_weights"):  # task heads too (BERT)
+            module.load_model_weights(model, checkpoint, hf)
+        else:
+            backbone = getattr(model, "backbone", model)
+            require = backbone is not model
+            module.load_weights(backbone, checkpoint, require_head=require)
         checkpoint.warn_unused()
     return model
 
@@ -127,27 +155,34 @@ def export_hf(model, directory) -> None:
     Writes `config.json` (with `model_type`, `architectures` and
     `torch_dtype: float32`), `model.safetensors` and, when the model has a
     tokenizer, its files, so that
-    `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it.
-    Rotary models export as "llama", learned-position ones as "gpt2".
+    `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it
+    (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
+    ...`TokenClassification` for BERT). Rotary GPT models export as "llama",
+    learned-position ones as "gpt2"; BERT-family models as "bert".
 
     Args:
-        model: a `GPTCausalLM` or `GPTBackbone`.
+        model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
+            `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`.
         directory: output directory (created if needed).
 
     Raises:
         ValueError: the model has options the target format cannot express.
     """
     backbone = getattr(model, "backbone", model)
-    if getattr(backbone, "family", None) != "gpt":
+    family = getattr(backbone, "family", None)
+    if family == "bert":
+        hf, tensors = bert.export(model)
+    elif family == "gpt":
+        config = backbone.config
+        module = llama if config.position_embedding == "rotary" else gpt2
+        hf = {**module.hf_config(config), "architectures": [module.ARCHITECTURE]}
+        tensors = module.export_weights(backbone)
+    else:
         raise ValueError(
-            f"export_hf supports GPT-family models (GPT-2 / Llama layouts). "
-            f"Received: {type(model).__name__}."
+            "export_hf supports GPT-family (GPT-2 / Llama layouts) and BERT-family "
+            f"models. Received: {type(model).__name__}."
         )
-    config = backbone.config
-    module = llama if config.position_embedding == "rotary" else gpt2
-    hf = module.hf_config(config)
-    hf.update(architectures=[module.ARCHITECTURE], torch_dtype="float32")
-    write_checkpoint(directory, hf, module.export_weights(backbone))
+    write_checkpoint(directory, {**hf, "torch_dtype": "float32"}, tensors)
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None and hasattr(tokenizer, "save_assets"):
         tokenizer.save_assets(str(directory))

@@ -239,7 +239,9 @@ def _compiled(model, kind, spec, stop_ids, make):
     store = model.__dict__.setdefault("_generate_functions", {})
     key = (kind, spec, stop_ids)
     if key not in store:
-        store[key] = compile_function(make(), model.variables)
+        policy = model.dtype_policy
+        direct = policy.compute_dtype == policy.variable_dtype  # no autocasting
+        store[key] = compile_function(make(), model.variables, direct_calls=direct)
     return store[key]
 
 

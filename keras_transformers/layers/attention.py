@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers.backend import call_layer
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.serializable import serializable
@@ -50,9 +51,9 @@ class MultiHeadAttention(keras.layers.Layer):
         key_value: `[B, S, D]` for cross-attention; None for self-attention.
         key_padding_mask: `[B, S]`, True/1 where the key is real. With a
             self-attention cache, S is the cache length.
-        cache: for self-attention, `[B, 2, S_max, K, H]` keys and values of
-            earlier positions, updated at `cache_index`; for cross-attention
-            (no `cache_index`), the projected encoder keys and values from
+        cache: for self-attention, a `(key, value)` pair of `[B, S_max, K, H]`
+            tensors holding earlier positions, updated at `cache_index`; for
+            cross-attention (no `cache_index`), the projected encoder pair from
             `project_key_value`.
         cache_index: position of the first query token in the cache (scalar).
         positions: `[T]` or `[B, T]` rotary positions; defaults to
@@ -150,14 +151,15 @@ class MultiHeadAttention(keras.layers.Layer):
         relative-position schemes."""
         if self.rotary is None:
             return query, key
-        return self.rotary(query, positions), self.rotary(key, positions)
+        return (
+            call_layer(self.rotary, query, positions),
+            call_layer(self.rotary, key, positions),
+        )
 
     def project_key_value(self, key_value):
-        """Projects `[B, S, D]` encoder states once into a `[B, 2, S, K, H]`
-        cross-attention cache."""
-        return ops.stack(
-            [self.key_dense(key_value), self.value_dense(key_value)], axis=1
-        )
+        """Projects `[B, S, D]` encoder states once into the `(key, value)`
+        cross-attention cache, each `[B, S, K, H]`."""
+        return self.key_dense(key_value), self.value_dense(key_value)
 
     # ----------------------------------------------------------------- call
     def call(
@@ -171,23 +173,23 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         self_attention = key_value is None
-        q = self.query_dense(query)  # [B, T, N, H]
+        q = call_layer(self.query_dense, query)  # [B, T, N, H]
         if cache is not None and cache_index is None:  # static cross-attention cache
-            k, v = cache[:, 0], cache[:, 1]  # [B, S, K, H]
+            k, v = cache  # [B, S, K, H] each
         else:
             source = query if self_attention else key_value
-            k, v = self.key_dense(source), self.value_dense(source)  # [B, S, K, H]
+            k = call_layer(self.key_dense, source)  # [B, S, K, H]
+            v = call_layer(self.value_dense, source)
         offset = 0 if cache_index is None else cache_index
         if self_attention:
             if positions is None:
                 positions = ops.arange(ops.shape(query)[1]) + offset
             q, k = self.process_heads(q, k, positions)
         if cache is not None and cache_index is not None:
-            update = ops.stack([k, v], axis=1)  # [B, 2, T, K, H]
-            cache = ops.slice_update(
-                cache, (0, 0, cache_index, 0, 0), ops.cast(update, cache.dtype)
-            )
-            k, v = cache[:, 0], cache[:, 1]  # [B, S_max, K, H]
+            # K and V are written separately (XLA then updates in place).
+            k = backend.update_cache(cache[0], k, cache_index)  # [B, S_max, K, H]
+            v = backend.update_cache(cache[1], v, cache_index)
+            cache = (k, v)
         causal = self.causal and self_attention
         use_is_causal = (
             causal
@@ -206,7 +208,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_offset=offset,
             )
         out = self._attend(q, k, v, mask, use_is_causal, training)  # [B, T, N, H]
-        out = self.output_dense(out)  # [B, T, D]
+        out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
 
     def _attend(self, q, k, v, mask, is_causal, training):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.serializable import serializable
@@ -44,9 +45,9 @@ class TransformerBlock(keras.layers.Layer):
         padding_mask: `[B, T]` (or `[B, S_max]` with a cache), 1 for real tokens.
         encoder_outputs: `[B, S, D]` for cross-attention.
         encoder_padding_mask: `[B, S]`.
-        cache: `[B, 2, S_max, K, H]` self-attention cache.
+        cache: `(key, value)` self-attention cache, each `[B, S_max, K, H]`.
         cache_index: position of the first token of `x` in the cache.
-        cross_cache: `[B, 2, S, K, H]` projected encoder keys and values.
+        cross_cache: `(key, value)` projected encoder states, each `[B, S, K, H]`.
         training: dropout switch.
 
     Returns:
@@ -157,8 +158,13 @@ class TransformerBlock(keras.layers.Layer):
     def _residual(self, x, norm, sublayer, training):
         """One residual sub-layer; the norm placement is the only branch."""
         if self.norm_position == "pre":
-            return x + self.dropout_layer(sublayer(norm(x)), training=training)
-        return norm(x + self.dropout_layer(sublayer(x), training=training))
+            return x + self._dropout(sublayer(call_layer(norm, x)), training)
+        return call_layer(norm, x + self._dropout(sublayer(x), training))
+
+    def _dropout(self, x, training):
+        if not training or self.dropout == 0:
+            return x
+        return self.dropout_layer(x, training=training)
 
     def call(
         self,
@@ -174,7 +180,8 @@ class TransformerBlock(keras.layers.Layer):
         new_cache = []
 
         def attend(h):
-            out = self.self_attention(
+            out = call_layer(
+                self.self_attention,
                 h,
                 key_padding_mask=padding_mask,
                 cache=cache,
@@ -202,7 +209,7 @@ class TransformerBlock(keras.layers.Layer):
         x = self._residual(
             x,
             self.feed_forward_norm,
-            lambda h: self.feed_forward(h, **ff_kwargs),
+            lambda h: call_layer(self.feed_forward, h, **ff_kwargs),
             training,
         )
         return x if cache is None else (x, new_cache[0])

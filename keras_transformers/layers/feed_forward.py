@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformers.backend import call_layer
 from keras_transformers.layers.serializable import serializable
 
 _ACTIVATIONS = {
@@ -87,13 +88,14 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, x, training=None):
-        hidden = self.inner_dense(x)  # [B, T, F]
+        hidden = call_layer(self.inner_dense, x)  # [B, T, F]
         if self.gated:
-            hidden = self.activation_fn(self.gate_dense(x)) * hidden
+            hidden = self.activation_fn(call_layer(self.gate_dense, x)) * hidden
         else:
             hidden = self.activation_fn(hidden)
-        hidden = self.dropout_layer(hidden, training=training)
-        return self.output_dense(hidden)
+        if training and self.dropout > 0:
+            hidden = self.dropout_layer(hidden, training=training)
+        return call_layer(self.output_dense, hidden)
 
     def compute_output_shape(self, input_shape):
         return input_shape

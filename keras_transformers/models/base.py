@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers.backend import concrete_numpy
+from keras_transformers.backend import call_layer, concrete_numpy
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import TransformerBlock
 
@@ -145,7 +145,7 @@ def run_blocks(
 ):
     """Runs `x [B, T, D]` through `blocks`.
 
-    With `cache [B, L, 2, S_max, K, H]` (one slice per block) returns
+    With `cache` (one `(key, value)` pair per block, see `init_cache`) returns
     `(x, updated_cache)`; without, returns `x`.
     """
     if cache is None:
@@ -154,16 +154,17 @@ def run_blocks(
         return x
     caches = []
     for i, block in enumerate(blocks):
-        x, layer_cache = block(
+        x, layer_cache = call_layer(
+            block,
             x,
             padding_mask=padding_mask,
-            cache=cache[:, i],
+            cache=cache[i],
             cache_index=cache_index,
             training=training,
             **kwargs,
         )
         caches.append(layer_cache)
-    return x, ops.stack(caches, axis=1)
+    return x, tuple(caches)
 
 
 class ConfiguredModel(keras.Model):

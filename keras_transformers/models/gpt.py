@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from keras import ops
 
+from keras_transformers.backend import call_layer
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
     make_blocks,
@@ -28,7 +29,7 @@ class GPTBackbone(TextBackbone):
     Call arguments:
         inputs: `{"token_ids": [B, T] int, "padding_mask": [B, T] bool}` or
             the `[B, T]` ids alone.
-        cache: `[B, L, 2, S_max, K, H]` KV cache for decoding.
+        cache: KV cache for decoding (see `init_cache`).
         cache_index: position of the first token of `inputs` in the cache.
 
     Returns:
@@ -70,21 +71,16 @@ class GPTBackbone(TextBackbone):
         else:
             x = run_blocks(self.blocks, x, padding_mask, training=training)
         if self.final_norm is not None:
-            x = self.final_norm(x)
+            x = call_layer(self.final_norm, x)
         return x if cache is None else (x, cache)
 
     def init_cache(self, batch_size, max_length):
-        """A zero KV cache `[B, L, 2, S_max, K, H]` in the compute dtype."""
+        """A zero KV cache: one `(key, value)` pair per block, each
+        `[B, S_max, K, H]`, in the compute dtype."""
         c = self.config
-        shape = (
-            batch_size,
-            c.num_layers,
-            2,
-            max_length,
-            c.resolved_num_kv_heads,
-            c.resolved_head_dim,
-        )
-        return ops.zeros(shape, dtype=self.compute_dtype)
+        shape = (batch_size, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
+        zeros = lambda: ops.zeros(shape, dtype=self.compute_dtype)  # noqa: E731
+        return tuple((zeros(), zeros()) for _ in range(c.num_layers))
 
 
 @serializable

@@ -8,6 +8,7 @@ import math
 
 import keras
 
+from keras_transformers.backend import call_layer
 from keras_transformers.layers import (
     PositionEmbedding,
     SinusoidalPositionEncoding,
@@ -77,17 +78,19 @@ class TextBackbone(ConfiguredModel):
 
     def embed(self, token_ids, segment_ids=None, start_index=0, training=None):
         """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states."""
-        x = self.token_embedding(token_ids)
+        x = call_layer(self.token_embedding, token_ids)
         if self.position_embedding is not None:
-            x = x + self.position_embedding(x, start_index=start_index)
+            x = x + call_layer(self.position_embedding, x, start_index=start_index)
         if self.segment_embedding is not None:
             if segment_ids is None:
                 segment_ids = keras.ops.zeros_like(token_ids)
             x = x + self.segment_embedding(segment_ids)
         if self.embedding_norm is not None:
-            x = self.embedding_norm(x)
-        return self.embedding_dropout(x, training=training)
+            x = call_layer(self.embedding_norm, x)
+        if training and self.config.dropout > 0:
+            x = self.embedding_dropout(x, training=training)
+        return x
 
     def logits(self, hidden):
         """Projects hidden states `[B, T, D]` to logits `[B, T, V]`."""
-        return self.token_embedding(hidden, reverse=True)
+        return call_layer(self.token_embedding, hidden, reverse=True)
