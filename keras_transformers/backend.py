@@ -137,3 +137,12 @@ def update_cache(cache, update, index):
             return cache
     starts = (0, index) + (0,) * (len(cache.shape) - 2)
     return keras.ops.slice_update(cache, starts, update)
+
+
+def tensorflow_module():
+    """TensorFlow, imported on first use, for `tf.data` preprocessing paths
+    only (keras-hub's graph tokenizers run in TensorFlow whatever the Keras
+    backend); never a compute backend outside `KERAS_BACKEND=tensorflow`."""
+    import tensorflow
+
+    return tensorflow

@@ -190,10 +190,8 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
     config = load_config(handle, **overrides)
     tokenizer = None
     if kind == "saved":
-        from keras_transformers.tokenizer import load_tokenizer
-
         if (Path(handle) / TOKENIZER_DIR).is_dir():
-            tokenizer = load_tokenizer(Path(handle) / TOKENIZER_DIR)
+            tokenizer = load_assets(Path(handle) / TOKENIZER_DIR)
     if kind != "saved" or not load_weights:
         return _instantiate(cls, config, dtype, tokenizer, task_args)
     weights = Path(handle) / WEIGHTS_FILE
@@ -296,6 +294,16 @@ def save_model(model, directory) -> None:
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.save_assets(str(path / TOKENIZER_DIR))
+
+
+def load_assets(directory):
+    """The tokenizer or preprocessor saved in `directory`: a WordPiece
+    (BERT) preprocessor when there is a `vocab.txt`, else a byte-level BPE
+    tokenizer, else None."""
+    from keras_transformers.preprocessing import load_preprocessor
+    from keras_transformers.tokenizer import load_tokenizer
+
+    return load_preprocessor(directory) or load_tokenizer(directory)
 
 
 def from_preset(handle, **overrides):

@@ -106,7 +106,10 @@ def test_classifier_fit_save_and_reload_head(backbone, inputs, tmp_path):
 
 
 def test_token_classifier_ignores_padding_in_loss(backbone, inputs):
-    from keras_transformers.training import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
+    from keras_transformers.training import (
+        MaskedAccuracy,
+        MaskedSparseCategoricalCrossentropy,
+    )
 
     tagger = BertTokenClassifier(backbone, num_classes=4, classifier_dropout=0.0)
     assert tuple(tagger(inputs).shape) == (2, 10, 4)

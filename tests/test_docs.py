@@ -24,7 +24,9 @@ MODULES = sorted(
 def test_docstring_examples(module):
     mod = importlib.import_module(module)
     globs = {"keras": keras, "np": np, "keras_transformers": keras_transformers}
-    result = doctest.testmod(mod, extraglobs=globs, optionflags=doctest.ELLIPSIS, verbose=False)
+    result = doctest.testmod(
+        mod, extraglobs=globs, optionflags=doctest.ELLIPSIS, verbose=False
+    )
     assert result.failed == 0
 
 
@@ -45,3 +47,22 @@ def test_readme_has_the_two_setup_commands():
     assert any("keras-transformers train" in b and "pip install" in b for b in blocks)
     assert any("scripts/test_all.sh" in b for b in blocks)
     assert "scripts/test_all.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.large
+def test_readme_main_job_command_runs_as_written():
+    """The README's first command (install, train gpt_mini, generate)."""
+    import subprocess
+
+    text = (ROOT / "README.md").read_text()
+    command = next(
+        b
+        for b in re.findall(r"```bash\n(.*?)```", text, re.S)
+        if "keras-transformers train" in b
+    )
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=1500
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "val_loss" in result.stdout + result.stderr
+    assert (ROOT / "runs" / "gpt_mini" / "model.weights.h5").exists()

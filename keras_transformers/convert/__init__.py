@@ -84,14 +84,12 @@ def hf_preset_data(path) -> dict:
 
 
 def _load_tokenizer(path: Path):
-    """The directory's tokenizer, or None (also when the tokenizer module is
-    not available or cannot read this tokenizer, with a warning)."""
+    """The directory's tokenizer (WordPiece preprocessor or byte-level BPE),
+    or None (with a warning when there is one we cannot read)."""
+    from keras_transformers.presets import load_assets
+
     try:
-        from keras_transformers.tokenizer import load_tokenizer
-    except ImportError:
-        return None
-    try:
-        return load_tokenizer(path)
+        return load_assets(path)
     except (ValueError, FileNotFoundError, KeyError) as error:
         warnings.warn(f"The tokenizer in {path} was not loaded: {error}", stacklevel=3)
         return None
