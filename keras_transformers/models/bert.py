@@ -10,8 +10,6 @@ from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
     TaskModel,
     initializer,
-    make_blocks,
-    resolve_config,
     run_blocks,
     unpack_token_inputs,
 )
@@ -43,20 +41,11 @@ class BertBackbone(TextBackbone):
     """
 
     family = "bert"
+    stacks = "encoder"
+    causal = False
 
-    def __init__(self, config=None, *, dtype=None, name=None, **fields):
-        config = resolve_config(config, fields)
-        if config.stacks != "encoder":
-            raise ValueError(
-                f"{type(self).__name__} needs stacks='encoder'. Received: stacks={config.stacks!r}"
-            )
-        super().__init__(dtype=dtype, name=name)
-        self.config = config
-        self._build_embeddings()
-        self.blocks = make_blocks(
-            config, config.num_layers, "block", self.dtype_policy, causal=False
-        )
-        self.final_norm = self._norm("final_norm") if config.final_norm else None
+    def _build_extras(self):
+        config = self.config
         self.pooler = None
         if config.pooler:
             self.pooler = keras.layers.Dense(
@@ -67,7 +56,6 @@ class BertBackbone(TextBackbone):
                 name="pooler",
             )
             self.pooler.build((None, config.hidden_dim))
-        self.built = True
 
     def call(self, inputs, training=None):
         token_ids, padding_mask, segment_ids = unpack_token_inputs(

@@ -9,8 +9,6 @@ from keras import ops
 from keras_transformers.backend import call_layer
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
-    make_blocks,
-    resolve_config,
     run_blocks,
     unpack_token_inputs,
 )
@@ -42,21 +40,8 @@ class GPTBackbone(TextBackbone):
     """
 
     family = "gpt"
-
-    def __init__(self, config=None, *, dtype=None, name=None, **fields):
-        config = resolve_config(config, fields)
-        if config.stacks != "decoder":
-            raise ValueError(
-                f"{type(self).__name__} needs stacks='decoder'. Received: stacks={config.stacks!r}"
-            )
-        super().__init__(dtype=dtype, name=name)
-        self.config = config
-        self._build_embeddings()
-        self.blocks = make_blocks(
-            config, config.num_layers, "block", self.dtype_policy, causal=True
-        )
-        self.final_norm = self._norm("final_norm") if config.final_norm else None
-        self.built = True
+    stacks = "decoder"
+    causal = True
 
     def call(self, inputs, cache=None, cache_index=None, training=None):
         # Decoding steps skip the value check: `generate` checks the prompt once.

@@ -15,16 +15,47 @@ from keras_transformers.layers import (
     TokenEmbedding,
     make_norm,
 )
-from keras_transformers.models.base import ConfiguredModel, initializer
+from keras_transformers.models.base import (
+    ConfiguredModel,
+    initializer,
+    make_blocks,
+    resolve_config,
+)
 
 
 class TextBackbone(ConfiguredModel):
     """Base of backbones that read token ids (GPT, BERT, seq2seq).
 
-    `_build_embeddings()` creates `token_embedding`, `position_embedding`,
-    `segment_embedding`, `embedding_norm` and `embedding_dropout` from the
-    config; `embed()` applies them; `logits()` is the (tied or untied) LM head.
+    `__init__` validates the config (`stacks` must equal the class's
+    `stacks`) and creates the embeddings (`token_embedding`,
+    `position_embedding`, `segment_embedding`, `embedding_norm`,
+    `embedding_dropout`), the `blocks` (causal when `causal`) and
+    `final_norm`; subclasses add their own layers in `_build_extras()`.
+    `embed()` applies the embeddings; `logits()` is the (tied or untied) LM head.
     """
+
+    stacks = "decoder"
+    causal = True
+
+    def __init__(self, config=None, *, dtype=None, name=None, **fields):
+        config = resolve_config(config, fields)
+        if config.stacks != self.stacks:
+            raise ValueError(
+                f"{type(self).__name__} needs stacks={self.stacks!r}. "
+                f"Received: stacks={config.stacks!r}"
+            )
+        super().__init__(dtype=dtype, name=name)
+        self.config = config
+        self._build_embeddings()
+        self.blocks = make_blocks(
+            config, config.num_layers, "block", self.dtype_policy, causal=self.causal
+        )
+        self.final_norm = self._norm("final_norm") if config.final_norm else None
+        self._build_extras()
+        self.built = True
+
+    def _build_extras(self):
+        """Hook for layers beyond the shared ones (e.g. BERT's pooler)."""
 
     def _build_embeddings(self):
         c, d, dtype = self.config, self.config.hidden_dim, self.dtype_policy
