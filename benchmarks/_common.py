@@ -1,0 +1,182 @@
+"""Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``):
+environment facts, the Keras optimizer and loss, the contender interface and
+the alternating-rounds timing harness. Not a benchmark itself."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quieter TensorFlow/XLA start-up
+
+LEARNING_RATE = 1e-4
+WEIGHT_DECAY = 0.01
+
+TORCH_THREADS_HELP = (
+    "torch.set_num_threads for every torch user in the process (default 1: on a "
+    "shared, oversubscribed CPU, OpenMP threads make eager torch ~10x slower)"
+)
+
+
+# --------------------------------------------------------------- environment
+def versions():
+    out = {"python": platform.python_version()}
+    for name in (
+        "keras",
+        "keras-hub",
+        "jax",
+        "tensorflow",
+        "torch",
+        "transformers",
+        "numpy",
+    ):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def cpu_model():
+    try:
+        text = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=False
+        ).stdout
+        for line in text.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_revision():
+    """`HEAD` of the repository, with "+dirty" when library files are modified."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "keras_transformers")
+    except OSError:
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def load():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def setup_torch(threads):
+    """Imports torch and fixes its intra-op thread count (shared by HF and,
+    under KERAS_BACKEND=torch, by both Keras models)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return torch
+
+
+# --------------------------------------------------------------- contenders
+class Contender:
+    """A name, a parameter count, and the callables the harness times."""
+
+    name = ""
+
+    def params(self) -> int:
+        raise NotImplementedError
+
+    def train_step(self):
+        raise NotImplementedError
+
+    def generate(self, prompts):
+        """Greedy `new_tokens` continuation; returns `[B, prompt + new]` ids."""
+        raise NotImplementedError
+
+    def notes(self) -> str:
+        return ""
+
+
+def keras_optimizer():
+    import keras
+
+    return keras.optimizers.AdamW(
+        learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+    )
+
+
+def keras_loss():
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+# --------------------------------------------------------------- harness
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def run_rounds(contenders, first_call, timed_call, repeats, label):
+    """Warm-up, then `repeats` alternating rounds.
+
+    `first_call(c)` is run twice per contender (the first time is reported:
+    tracing and compilation included); then `timed_call(c)` (returning
+    seconds) runs once per contender per round, in turn.
+    """
+    first = {}
+    for c in contenders:
+        first[c.name] = first_call(c)
+        first_call(c)
+        print(f"  [{label}] {c.name}: first call {first[c.name]:.2f}s", flush=True)
+    samples = {c.name: [] for c in contenders}
+    for r in range(repeats):
+        for c in contenders:
+            samples[c.name].append(timed_call(c))
+        line = ", ".join(f"{c.name} {samples[c.name][-1]:.3f}s" for c in contenders)
+        print(f"  [{label}] round {r + 1}/{repeats}: {line}", flush=True)
+    return first, samples
+
+
+def bench_train(contenders, steps, repeats):
+    """Seconds per training step; a round is `steps` steps."""
+
+    def one_step(c):
+        return timed(c.train_step)[0]
+
+    def round_(c):
+        start = time.perf_counter()
+        for _ in range(steps):
+            c.train_step()
+        return (time.perf_counter() - start) / steps
+
+    return run_rounds(contenders, one_step, round_, repeats, "train")
+
+
+def ratio(a, b):
+    return None if a is None or b is None or a == 0 else b / a
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(lines):
+    """Prints `lines` (header first) as an aligned text table."""
+    widths = [max(len(str(r[i])) for r in lines) for i in range(len(lines[0]))]
+    print()
+    for i, line in enumerate(lines):
+        print(" | ".join(str(v).ljust(w) for v, w in zip(line, widths)))
+        if i == 0:
+            print("-+-".join("-" * w for w in widths))
+    print("(speed ratio > 1: ours is faster)")
