@@ -79,7 +79,9 @@ def test_masked_lm_predicts_only_masked_positions(backbone, inputs):
     # Same as the head applied to every position, then gathered.
     every = np.tile(np.arange(10, dtype="int32"), (2, 1))
     full = to_numpy(lm({**inputs, "mask_positions": every}))
-    assert_close(logits, np.take_along_axis(full, positions[:, :, None], axis=1), atol=1e-5)
+    assert_close(
+        logits, np.take_along_axis(full, positions[:, :, None], axis=1), atol=1e-5
+    )
     with pytest.raises(ValueError, match="mask_positions"):
         lm(inputs)
 
@@ -149,3 +151,53 @@ def test_reloading_with_new_dropout_keeps_trained_head(backbone, inputs, tmp_pat
     again = BertClassifier.from_preset(str(tmp_path / "c"), classifier_dropout=0.3)
     assert again.classifier_dropout == 0.3
     assert_close(again(inputs), clf(inputs), atol=1e-6)
+
+
+def test_fine_tuning_reaches_full_train_accuracy(backbone, inputs):
+    clf = BertClassifier(
+        backbone, num_classes=2, classifier_dropout=0.0, pooling="token"
+    )
+    clf.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    history = clf.fit(inputs, np.array([0, 1]), epochs=15, verbose=0)
+    assert history.history["accuracy"][-1] == 1.0
+
+
+def test_masked_lm_loss_ignores_unmasked_slots(inputs):
+    """Prediction slots with sample weight 0 (padding) do not change the loss."""
+    from keras_transformers.training import MaskedSparseCategoricalCrossentropy
+
+    lm = BertMaskedLM(**SMALL)
+    x = {**inputs, "mask_positions": np.array([[1, 2, 0], [3, 4, 0]], "int32")}
+    weights = np.array([[1, 1, 0], [1, 1, 0]], "float32")
+    loss = MaskedSparseCategoricalCrossentropy()
+    logits = lm(x)
+    a = loss(np.array([[7, 8, 9], [9, 10, 11]]), logits, sample_weight=weights)
+    b = loss(np.array([[7, 8, 50], [9, 10, 60]]), logits, sample_weight=weights)
+    assert_close(a, b, atol=1e-6)
+
+
+def test_bad_bert_inputs(backbone, inputs):
+    with pytest.raises(ValueError, match="num_segments"):
+        backbone(dict(inputs, segment_ids=np.full_like(inputs["token_ids"], 2)))
+    with pytest.raises(ValueError, match="padding_mask"):
+        backbone(dict(inputs, padding_mask=np.ones((2, 3), bool)))
+    clf = BertClassifier(backbone, num_classes=2)
+    clf.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    with pytest.raises(ValueError, match="num_classes=2"):
+        clf.fit(inputs, np.array([0, 2]), verbose=0)
+    tagger = BertTokenClassifier(backbone, num_classes=3)
+    tagger.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    with pytest.raises(ValueError, match="num_classes=3"):
+        tagger.fit(inputs, np.full((2, 10), 3), verbose=0)
+    with pytest.raises(ValueError, match="pooling"):
+        BertClassifier(backbone, pooling="max")

@@ -61,14 +61,20 @@ def initializer(config: TransformerConfig):
 
 
 def check_token_ids(
-    token_ids, config: TransformerConfig, name: str = "token_ids", check_values=True
+    token_ids,
+    config: TransformerConfig,
+    name: str = "token_ids",
+    check_values=True,
+    limit: tuple[str, int] | None = None,
 ):
-    """Validates `[B, T]` token ids; returns them as an int32 tensor.
+    """Validates `[B, T]` integer ids; returns them as an int32 tensor.
 
     Raises ValueError for a wrong rank or dtype, a length past
     `max_sequence_length`, and (when values are known, i.e. eagerly) ids
-    outside `[0, vocabulary_size)`.
+    outside `[0, limit)`; `limit` is `(name, value)`, by default
+    `("vocabulary_size", config.vocabulary_size)`.
     """
+    limit_name, limit_value = limit or ("vocabulary_size", config.vocabulary_size)
     if not hasattr(token_ids, "shape"):
         token_ids = np.asarray(token_ids)
     shape = tuple(token_ids.shape)
@@ -95,11 +101,15 @@ def check_token_ids(
     values = concrete_numpy(token_ids) if check_values else None
     if values is not None and values.size:
         low, high = int(values.min()), int(values.max())
-        if low < 0 or high >= config.vocabulary_size:
-            bad = high if high >= config.vocabulary_size else low
+        if low < 0 or high >= limit_value:
+            bad = high if high >= limit_value else low
+            hint = (
+                "Check that the tokenizer matches the model."
+                if limit is None
+                else f"Use ids below {limit_value} or a config with a larger {limit_name}."
+            )
             raise ValueError(
-                f"`{name}` contains id {bad}, outside [0, vocabulary_size="
-                f"{config.vocabulary_size}). Check that the tokenizer matches the model."
+                f"`{name}` contains id {bad}, outside [0, {limit_name}={limit_value}). {hint}"
             )
     return ops.cast(token_ids, "int32")
 
@@ -124,6 +134,15 @@ def unpack_token_inputs(inputs, config: TransformerConfig, extra=(), check_value
         raise ValueError(
             f"`padding_mask` shape {tuple(padding_mask.shape)} does not match "
             f"`token_ids` shape {tuple(token_ids.shape)}."
+        )
+    if "segment_ids" in extra and rest[extra.index("segment_ids")] is not None:
+        i = extra.index("segment_ids")
+        rest[i] = check_token_ids(
+            rest[i],
+            config,
+            "segment_ids",
+            check_values,
+            limit=("num_segments", max(config.num_segments, 1)),
         )
     return (token_ids, ops.cast(padding_mask, "bool"), *rest)
 

@@ -4,6 +4,7 @@ embeddings, a tanh pooler, and masked-LM / classification heads."""
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.serializable import serializable
@@ -117,6 +118,21 @@ class _Classifier(TaskModel):
 
     backbone_cls = BertBackbone
     task_arguments = ("num_classes", "classifier_dropout")
+    ignored_label = None  # a label value that marks positions without a label
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit`, after checking array labels against `num_classes`."""
+        if isinstance(y, (np.ndarray, list, tuple)):
+            labels = np.asarray(y)
+            if self.ignored_label is not None:
+                labels = labels[labels != self.ignored_label]
+            if labels.size and (labels.min() < 0 or labels.max() >= self.num_classes):
+                bad = labels.max() if labels.max() >= self.num_classes else labels.min()
+                raise ValueError(
+                    f"Label {bad} is outside [0, num_classes={self.num_classes}). Map "
+                    "labels to 0..num_classes-1 or build the model with more classes."
+                )
+        return super().fit(x, y, *args, **kwargs)
 
     def __init__(
         self, backbone=None, *, num_classes=2, classifier_dropout=0.1, **kwargs
@@ -149,15 +165,28 @@ class BertClassifier(_Classifier):
         backbone: a `BertBackbone` (or build one from `config`).
         num_classes: number of labels.
         classifier_dropout: dropout before the classifier.
+        pooling: "pooled" (the tanh pooler's output, as BERT) or "token"
+            (the final `[CLS]` state, no pooler).
 
     Returns:
         `[B, num_classes]` logits.
     """
 
+    task_arguments = ("num_classes", "classifier_dropout", "pooling")
+
+    def __init__(self, backbone=None, *, pooling="pooled", **kwargs):
+        super().__init__(backbone, **kwargs)
+        if pooling not in ("pooled", "token"):
+            raise ValueError(
+                f"`pooling` must be 'pooled' or 'token'. Received: {pooling!r}"
+            )
+        self.pooling = pooling
+
     def call(self, inputs, training=None):
-        return self._head(
-            self.backbone(inputs, training=training)["pooled_output"], training
-        )
+        out = self.backbone(inputs, training=training)
+        if self.pooling == "pooled":
+            return self._head(out["pooled_output"], training)
+        return self._head(out["sequence_output"][:, 0, :], training)
 
 
 @serializable
@@ -169,6 +198,8 @@ class BertTokenClassifier(_Classifier):
     Returns:
         `[B, T, num_classes]` logits.
     """
+
+    ignored_label = -100
 
     def call(self, inputs, training=None):
         return self._head(
