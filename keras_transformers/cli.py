@@ -1,9 +1,12 @@
-"""The `keras-transformers` command: list presets, train a causal LM, generate.
+"""The `keras-transformers` command: list presets, train, fine-tune, generate.
 
 Usage::
 
     keras-transformers presets [--family gpt]
     keras-transformers train gpt_mini --output runs/gpt_mini [--data corpus.txt]
+    keras-transformers train bert_tiny --output runs/bert_tiny [--data corpus.txt]
+    keras-transformers finetune runs/bert_tiny --task classify --data tweets.csv \
+        --text-column text --label-column label --output runs/classifier
     keras-transformers generate runs/gpt_mini --prompt "The Python" [--stream]
 
 `python -m keras_transformers.cli ...` is the same command. The backend is
@@ -74,14 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser(
         "train",
-        help="train a causal LM preset and a BPE tokenizer on a text file",
+        help="train a causal LM (gpt) or masked LM (bert) preset on a text file",
         description=(
-            "Trains a byte-level BPE tokenizer on the text, then the preset's "
-            "architecture (random init) on next-token prediction, and saves "
-            "both with `save_to_preset`."
+            "Trains a tokenizer on the text (byte-level BPE for causal LMs, "
+            "WordPiece for bert), then the preset's architecture (random init) "
+            "on next-token prediction, or masked-token prediction with dynamic "
+            "masking for bert, and saves both with `save_to_preset`."
         ),
     )
-    train.add_argument("preset", help="built-in causal LM preset, e.g. gpt_mini")
+    train.add_argument("preset", help="built-in preset, e.g. gpt_mini or bert_tiny")
     train.add_argument(
         "--data",
         help="UTF-8 text file (default: Python's own documentation, pydoc_data)",
@@ -122,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--vocabulary-size",
         type=_positive_int,
-        help="BPE vocabulary size (default: the preset's vocabulary_size)",
+        help="vocabulary size (default: the preset's vocabulary_size; bert: at "
+        "most 8000)",
     )
     train.add_argument(
         "--max-chars",
@@ -146,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=40,
         help="tokens of the final sample; 0 skips it (default: %(default)s)",
     )
+
+    from keras_transformers.cli_bert import add_finetune_parser
+
+    add_finetune_parser(commands, _positive_int, _positive_float)
 
     generate = commands.add_parser(
         "generate",
@@ -224,8 +233,24 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Runs `train` (see `train_model`); returns the exit status."""
-    train_model(args)
+    """Runs `train` (`train_model`, or `pretrain_bert` for a bert preset)."""
+    from keras_transformers.presets import list_presets
+
+    info = list_presets().get(args.preset, {})
+    if info.get("family") == "bert":
+        from keras_transformers.cli_bert import pretrain_bert
+
+        pretrain_bert(args)
+    else:
+        train_model(args)
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    """Runs `finetune` (see `cli_bert.finetune_classifier`)."""
+    from keras_transformers.cli_bert import finetune_classifier
+
+    finetune_classifier(args)
     return 0
 
 
@@ -320,7 +345,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"presets": cmd_presets, "train": cmd_train, "generate": cmd_generate}
+COMMANDS = {
+    "presets": cmd_presets,
+    "train": cmd_train,
+    "finetune": cmd_finetune,
+    "generate": cmd_generate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 PROG = "keras-transformers"
 CAUSAL_FAMILIES = ("gpt", "mixtral")
+TRAIN_FAMILIES = (*CAUSAL_FAMILIES, "bert")
 
 # Defaults of `train`, sized so that `train gpt_mini` takes a few minutes on
 # two CPU cores with the JAX backend.
@@ -62,22 +63,30 @@ def _quiet_stderr():
 # ---------------------------------------------------------------------------
 
 
-def _check_train_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Validates `train` arguments before any slow work; returns the preset info."""
+def _check_train_args(
+    args: argparse.Namespace, families: tuple[str, ...] = CAUSAL_FAMILIES
+) -> dict[str, Any]:
+    """Validates `train` arguments before any slow work; returns the preset info.
+
+    Args:
+        args: the parsed `train` arguments.
+        families: the preset families this training job accepts.
+    """
     from keras_transformers.presets import list_presets
 
     presets = list_presets()
     if args.preset not in presets:
         raise CLIError(
-            f"unknown preset {args.preset!r}. Causal LM presets: "
-            + ", ".join(n for n, i in presets.items() if i["family"] in CAUSAL_FAMILIES)
+            f"unknown preset {args.preset!r}. Trainable presets: "
+            + ", ".join(n for n, i in presets.items() if i["family"] in TRAIN_FAMILIES)
             + f". Run `{PROG} presets` for details."
         )
     info = presets[args.preset]
-    if info["family"] not in CAUSAL_FAMILIES:
+    if info["family"] not in families:
         raise CLIError(
             f"preset {args.preset!r} is a {info['family']!r} model; `train` trains "
-            f"causal language models ({', '.join(CAUSAL_FAMILIES)} presets)."
+            f"causal language models ({', '.join(CAUSAL_FAMILIES)} presets) and "
+            "masked language models (bert presets)."
         )
     if args.data is not None and not Path(args.data).is_file():
         raise CLIError(f"data file not found: {args.data}")
@@ -110,15 +119,11 @@ def _load_text(args: argparse.Namespace) -> tuple[str, str]:
         raise CLIError(f"cannot read {args.data}: {error}") from None
 
 
-def _compile(model, args: argparse.Namespace, total_steps: int) -> None:
+def _optimizer(args: argparse.Namespace, total_steps: int):
+    """AdamW on a warmup + cosine schedule peaking at `--learning-rate`."""
     import keras
 
-    from keras_transformers.training import (
-        MaskedAccuracy,
-        MaskedSparseCategoricalCrossentropy,
-        Perplexity,
-        WarmupCosineDecay,
-    )
+    from keras_transformers.training import WarmupCosineDecay
 
     schedule = WarmupCosineDecay(
         peak_learning_rate=args.learning_rate,
@@ -126,9 +131,19 @@ def _compile(model, args: argparse.Namespace, total_steps: int) -> None:
         decay_steps=total_steps,
         min_learning_rate=args.learning_rate / 10,
     )
-    optimizer = keras.optimizers.AdamW(
+    return keras.optimizers.AdamW(
         learning_rate=schedule, weight_decay=0.01, beta_2=0.95, global_clipnorm=1.0
     )
+
+
+def _compile(model, args: argparse.Namespace, total_steps: int) -> None:
+    from keras_transformers.training import (
+        MaskedAccuracy,
+        MaskedSparseCategoricalCrossentropy,
+        Perplexity,
+    )
+
+    optimizer = _optimizer(args, total_steps)
     # Every window is full (no padding), so no label is ignored.
     model.compile(
         optimizer=optimizer,

