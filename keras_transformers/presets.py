@@ -211,6 +211,10 @@ def cls_task_arguments(cls) -> tuple:
 
 
 def _instantiate(cls, config, dtype, tokenizer, task_args=None):
+    length = getattr(tokenizer, "sequence_length", None)
+    if length is not None and length > config.max_sequence_length:
+        # e.g. a Hugging Face vocab.txt gets BERT's default 512 positions.
+        tokenizer.sequence_length = config.max_sequence_length
     if getattr(cls, "backbone_cls", None) is not None:
         return cls(config=config, dtype=dtype, tokenizer=tokenizer, **(task_args or {}))
     return cls(config=config, dtype=dtype)

@@ -201,3 +201,35 @@ def test_bad_bert_inputs(backbone, inputs):
         tagger.fit(inputs, np.full((2, 10), 3), verbose=0)
     with pytest.raises(ValueError, match="pooling"):
         BertClassifier(backbone, pooling="max")
+
+
+def test_token_classifier_saving(backbone, inputs, tmp_path):
+    tagger = BertTokenClassifier(backbone, num_classes=4)
+    reloaded = run_saving_test(tagger, inputs, str(tmp_path))
+    assert reloaded.num_classes == 4
+
+
+def test_hugging_face_directory_brings_its_vocab(tmp_path):
+    """A HF BERT directory with vocab.txt loads with a WordPiece preprocessor."""
+    transformers = pytest.importorskip("transformers")
+    from keras_transformers.preprocessing import BertPreprocessor, train_wordpiece
+
+    tokenizer = train_wordpiece(
+        ["a fine day", "a terrible day"] * 5, vocabulary_size=40
+    )
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocabulary_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        architectures=["BertForSequenceClassification"],
+        num_labels=3,
+    )
+    transformers.BertForSequenceClassification(config).save_pretrained(str(tmp_path))
+    tokenizer.save_assets(str(tmp_path))
+    clf = kt.from_preset(str(tmp_path))
+    assert isinstance(clf, BertClassifier) and clf.num_classes == 3
+    assert isinstance(clf.tokenizer, BertPreprocessor)
+    assert tuple(clf(clf.tokenizer(["a fine day"])).shape) == (1, 3)
