@@ -14,15 +14,16 @@ import keras
 import numpy as np
 
 from keras_transformers.convert.common import (
+    ACTIVATIONS,
     assign,
     attention_parts,
     check_exportable,
     export_layer,
     fetch,
     load_layer,
+    load_positions,
     special_ids,
 )
-from keras_transformers.convert.gpt2 import ACTIVATIONS, _load_positions
 
 MODEL_TYPE = "bert"
 FAMILY = "bert"
@@ -209,7 +210,7 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
         if not isinstance(x, keras.Variable):
             load_layer(x, get, name, shape=shape, transpose=transposed)
         elif "position_embeddings" in name:  # cut or grown to max_sequence_length
-            _load_positions(x, get(name), name)
+            load_positions(x, get(name), name)
         else:
             if name == MLM + "decoder.bias" and name not in checkpoint:
                 name = MLM + "bias"  # files that tie the decoder bias

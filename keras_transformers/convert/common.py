@@ -167,3 +167,26 @@ def check_exportable(config, required: dict, model_type: str) -> None:
             f"This model cannot be exported as Hugging Face {model_type!r}: it has "
             f"{bad}, but {model_type} needs {needed}."
         )
+
+
+# Hugging Face activation name -> ours (GPT-2, BERT).
+ACTIVATIONS = {
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+def load_positions(variable, value: np.ndarray, name: str) -> None:
+    """Learned positions; a smaller `max_sequence_length` keeps the first
+    rows, a larger one keeps the initialised rows past the checkpoint's."""
+    rows, width = variable.shape
+    if value.ndim == 2 and value.shape[1] == width and value.shape[0] != rows:
+        table = np.array(fetch(variable))
+        n = min(rows, value.shape[0])
+        table[:n] = value[:n]
+        value = table
+    assign(variable, value, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert.common import (
+    ACTIVATIONS,
     DECODER,
     assign,
     attention_parts,
@@ -19,6 +20,7 @@ from keras_transformers.convert.common import (
     fetch,
     load_head,
     load_layer,
+    load_positions,
     special_ids,
 )
 
@@ -27,14 +29,6 @@ BASE_ARCHITECTURE = "GPT2Model"
 ARCHITECTURE = "GPT2LMHeadModel"
 PREFIXES = ("transformer.", "")
 QKV = ("query", "key", "value")
-ACTIVATIONS = {
-    "gelu_new": "gelu_approximate",
-    "gelu_pytorch_tanh": "gelu_approximate",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 # option -> (value we cannot convert, why)
 UNSUPPORTED = {
     "scale_attn_by_inverse_layer_idx": (
@@ -88,18 +82,6 @@ def config_from_hf(hf: dict) -> dict:
     )
 
 
-def _load_positions(variable, value: np.ndarray, name: str) -> None:
-    """Learned positions; a smaller `max_sequence_length` keeps the first
-    rows, a larger one keeps the initialised rows past the checkpoint's."""
-    rows, width = variable.shape
-    if value.ndim == 2 and value.shape[1] == width and value.shape[0] != rows:
-        table = np.array(fetch(variable))
-        n = min(rows, value.shape[0])
-        table[:n] = value[:n]
-        value = table
-    assign(variable, value, name)
-
-
 def load_weights(backbone, checkpoint, require_head: bool) -> None:
     """Copies a GPT-2 checkpoint into `backbone` (a `GPTBackbone`)."""
     p = checkpoint.prefix(PREFIXES, "wte.weight", MODEL_TYPE)
@@ -107,7 +89,7 @@ def load_weights(backbone, checkpoint, require_head: bool) -> None:
     embeddings = backbone.token_embedding.embeddings
     assign(embeddings, get(p + "wte.weight"), p + "wte.weight")
     positions = backbone.position_embedding.embeddings
-    _load_positions(positions, get(p + "wpe.weight"), p + "wpe.weight")
+    load_positions(positions, get(p + "wpe.weight"), p + "wpe.weight")
     for i, block in enumerate(backbone.blocks):
         h = f"{p}h.{i}."
         parts = attention_parts(block.self_attention)
