@@ -166,13 +166,20 @@ class TransformerConfig(_Group):
         pooler: a tanh dense layer on the first token's final state (BERT's
             `pooled_output`).
         position_embedding: "learned", "sinusoidal", "rotary" or "none".
+        sinusoidal_interleave: sinusoidal layout: sin/cos interleaved per
+            feature pair (the paper's formula) or sines in the first half of
+            the features and cosines in the second (tensor2tensor, fairseq,
+            Marian).
         rope_max_wavelength: rotary base (theta).
         rope_scaling_factor: linear position-interpolation factor for rotary.
         activation: feed-forward activation: "gelu", "gelu_approximate"
             (tanh form, GPT-2's gelu_new), "relu" or "silu".
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
         use_bias: biases in attention and feed-forward projections.
-        tie_embeddings: share input embedding and output projection.
+        tie_embeddings: share input embedding and output projection (for
+            "encoder_decoder": encoder, decoder and output share one matrix).
+        logits_bias: a learned bias on the output logits (Marian's
+            `final_logits_bias`).
         scale_embeddings: multiply token embeddings by sqrt(hidden_dim) (2017).
         num_segments: segment (token type) vocabulary; 0 = none (BERT: 2).
         sliding_window: attend to at most this many previous tokens; None = all.
@@ -180,7 +187,8 @@ class TransformerConfig(_Group):
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer.
         pad_token_id: id used to pad sequences.
-        bos_token_id: id that starts a sequence (None if unused).
+        bos_token_id: id that starts a sequence (None if unused); for
+            "encoder_decoder", the decoder start token.
         eos_token_id: id that ends generation (None if unused).
         moe: sparse mixture-of-experts group (None = dense feed-forward).
         vision: image-patch group (None = token inputs).
@@ -203,12 +211,14 @@ class TransformerConfig(_Group):
     embedding_norm: bool = False
     pooler: bool = False
     position_embedding: str = "learned"
+    sinusoidal_interleave: bool = True
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
     activation: str = "gelu"
     gated_feed_forward: bool = False
     use_bias: bool = True
     tie_embeddings: bool = True
+    logits_bias: bool = False
     scale_embeddings: bool = False
     num_segments: int = 0
     sliding_window: int | None = None
@@ -254,7 +264,9 @@ class TransformerConfig(_Group):
             "gated_feed_forward",
             "use_bias",
             "tie_embeddings",
+            "logits_bias",
             "scale_embeddings",
+            "sinusoidal_interleave",
         ):
             _check_bool(name, getattr(self, name))
         _check_choice(
@@ -343,8 +355,8 @@ class TransformerConfig(_Group):
             if self.position_embedding == "learned":
                 total += self.max_sequence_length * d
         total += self.num_segments * d
-        if self.embedding_norm:
-            total += norm
+        if self.embedding_norm:  # one per stack
+            total += norm * (2 if self.stacks == "encoder_decoder" else 1)
         # Blocks.
         attention = self._attention_params()
         if self.stacks == "encoder_decoder":
@@ -370,6 +382,8 @@ class TransformerConfig(_Group):
         # Output head.
         if self.vocabulary_size and not self.tie_embeddings:
             total += self.vocabulary_size * d
+        if self.logits_bias:
+            total += self.vocabulary_size
         return total
 
     def _attention_params(self) -> int:

@@ -172,9 +172,10 @@ class MultiHeadAttention(keras.layers.Layer):
         positions=None,
         training=None,
     ):
-        self_attention = key_value is None
+        static_cache = cache is not None and cache_index is None
+        self_attention = key_value is None and not static_cache
         q = call_layer(self.query_dense, query)  # [B, T, N, H]
-        if cache is not None and cache_index is None:  # static cross-attention cache
+        if static_cache:  # projected encoder states (cross-attention)
             k, v = cache  # [B, S, K, H] each
         else:
             source = query if self_attention else key_value

@@ -195,13 +195,18 @@ class TransformerBlock(keras.layers.Layer):
 
         x = self._residual(x, self.self_attention_norm, attend, training)
         if self.cross_attention:
-            cross = lambda h: self.cross_attention_layer(  # noqa: E731
-                h,
-                key_value=encoder_outputs,
-                key_padding_mask=encoder_padding_mask,
-                cache=cross_cache,
-                training=training,
-            )
+
+            def cross(h):
+                out = call_layer(
+                    self.cross_attention_layer,
+                    h,
+                    key_value=encoder_outputs,
+                    key_padding_mask=encoder_padding_mask,
+                    cache=cross_cache,
+                    training=training,
+                )
+                return out if cross_cache is None else out[0]
+
             x = self._residual(x, self.cross_attention_norm, cross, training)
         ff_kwargs = {"training": training}
         if getattr(self.feed_forward, "accepts_padding_mask", False):

@@ -8,11 +8,13 @@ from keras_transformers.models.bert import (
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
+from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
 
 # family -> (backbone class, default class for `keras_transformers.from_preset`)
 FAMILY_CLASSES = {
     "gpt": (GPTBackbone, GPTCausalLM),
     "bert": (BertBackbone, BertMaskedLM),
+    "transformer": (Seq2SeqBackbone, Seq2SeqLM),
 }
 CLASSES = {
     cls.__name__: cls
@@ -23,6 +25,8 @@ CLASSES = {
         BertMaskedLM,
         BertClassifier,
         BertTokenClassifier,
+        Seq2SeqBackbone,
+        Seq2SeqLM,
     ]
 }
 
@@ -34,4 +38,6 @@ __all__ = [
     "CausalLM",
     "GPTBackbone",
     "GPTCausalLM",
+    "Seq2SeqBackbone",
+    "Seq2SeqLM",
 ]

@@ -128,13 +128,7 @@ def unpack_token_inputs(inputs, config: TransformerConfig, extra=(), check_value
     else:
         token_ids, padding_mask, rest = inputs, None, [None] * len(extra)
     token_ids = check_token_ids(token_ids, config, check_values=check_values)
-    if padding_mask is None:
-        padding_mask = ops.ones_like(token_ids, dtype="bool")
-    elif tuple(padding_mask.shape) != tuple(token_ids.shape):
-        raise ValueError(
-            f"`padding_mask` shape {tuple(padding_mask.shape)} does not match "
-            f"`token_ids` shape {tuple(token_ids.shape)}."
-        )
+    padding_mask = check_padding_mask(padding_mask, token_ids)
     if "segment_ids" in extra and rest[extra.index("segment_ids")] is not None:
         i = extra.index("segment_ids")
         rest[i] = check_token_ids(
@@ -144,7 +138,22 @@ def unpack_token_inputs(inputs, config: TransformerConfig, extra=(), check_value
             check_values,
             limit=("num_segments", max(config.num_segments, 1)),
         )
-    return (token_ids, ops.cast(padding_mask, "bool"), *rest)
+    return (token_ids, padding_mask, *rest)
+
+
+def check_padding_mask(padding_mask, token_ids, name="padding_mask"):
+    """`padding_mask` as bool, all True when None; its shape must be the ids'."""
+    if padding_mask is None:
+        return ops.ones_like(token_ids, dtype="bool")
+    if not hasattr(padding_mask, "shape"):
+        padding_mask = np.asarray(padding_mask)
+    if tuple(padding_mask.shape) != tuple(token_ids.shape):
+        ids_name = name.replace("padding_mask", "token_ids")
+        raise ValueError(
+            f"`{name}` shape {tuple(padding_mask.shape)} does not match "
+            f"`{ids_name}` shape {tuple(token_ids.shape)}."
+        )
+    return ops.cast(padding_mask, "bool")
 
 
 def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwargs):
@@ -160,12 +169,20 @@ def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwarg
 
 
 def run_blocks(
-    blocks, x, padding_mask, cache=None, cache_index=None, training=None, **kwargs
+    blocks,
+    x,
+    padding_mask,
+    cache=None,
+    cache_index=None,
+    training=None,
+    cross_cache=None,
+    **kwargs,
 ):
     """Runs `x [B, T, D]` through `blocks`.
 
     With `cache` (one `(key, value)` pair per block, see `init_cache`) returns
-    `(x, updated_cache)`; without, returns `x`.
+    `(x, updated_cache)`; without, returns `x`. `cross_cache` holds one
+    projected encoder `(key, value)` pair per block (encoder-decoder models).
     """
     if cache is None:
         for block in blocks:
@@ -173,6 +190,8 @@ def run_blocks(
         return x
     caches = []
     for i, block in enumerate(blocks):
+        if cross_cache is not None:
+            kwargs["cross_cache"] = cross_cache[i]
         x, layer_cache = call_layer(
             block,
             x,

@@ -69,6 +69,11 @@ class TextBackbone(ConfiguredModel):
             name="token_embedding",
         )
         self.token_embedding.build((None, None))
+        self.logits_bias = None
+        if c.logits_bias:
+            self.logits_bias = self.add_weight(
+                name="logits_bias", shape=(c.vocabulary_size,), initializer="zeros"
+            )
         self.position_embedding = None
         if c.position_embedding == "learned":
             self.position_embedding = PositionEmbedding(
@@ -80,7 +85,9 @@ class TextBackbone(ConfiguredModel):
             self.position_embedding.build((None, None, d))
         elif c.position_embedding == "sinusoidal":
             self.position_embedding = SinusoidalPositionEncoding(
-                dtype=dtype, name="position_embedding"
+                interleave=c.sinusoidal_interleave,
+                dtype=dtype,
+                name="position_embedding",
             )
         self.segment_embedding = None
         if c.num_segments:
@@ -107,8 +114,11 @@ class TextBackbone(ConfiguredModel):
         norm.build((None, None, c.hidden_dim))
         return norm
 
-    def embed(self, token_ids, segment_ids=None, start_index=0, training=None):
-        """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states."""
+    def embed(
+        self, token_ids, segment_ids=None, start_index=0, training=None, norm=None
+    ):
+        """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states.
+        `norm` replaces `embedding_norm` (the seq2seq decoder has its own)."""
         x = call_layer(self.token_embedding, token_ids)
         if self.position_embedding is not None:
             x = x + call_layer(self.position_embedding, x, start_index=start_index)
@@ -116,12 +126,16 @@ class TextBackbone(ConfiguredModel):
             if segment_ids is None:
                 segment_ids = keras.ops.zeros_like(token_ids)
             x = x + self.segment_embedding(segment_ids)
-        if self.embedding_norm is not None:
-            x = call_layer(self.embedding_norm, x)
+        norm = norm or self.embedding_norm
+        if norm is not None:
+            x = call_layer(norm, x)
         if training and self.config.dropout > 0:
             x = self.embedding_dropout(x, training=training)
         return x
 
     def logits(self, hidden):
         """Projects hidden states `[B, T, D]` to logits `[B, T, V]`."""
-        return call_layer(self.token_embedding, hidden, reverse=True)
+        logits = call_layer(self.token_embedding, hidden, reverse=True)
+        if self.logits_bias is not None:
+            logits = logits + keras.ops.cast(self.logits_bias, logits.dtype)
+        return logits
