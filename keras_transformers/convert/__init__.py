@@ -18,11 +18,16 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_transformers.convert import bert, gpt2, llama
+from keras_transformers.convert import bert, gpt2, llama, marian
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 
 # model_type -> converter module.
-CONVERTERS = {gpt2.MODEL_TYPE: gpt2, llama.MODEL_TYPE: llama, bert.MODEL_TYPE: bert}
+CONVERTERS = {
+    gpt2.MODEL_TYPE: gpt2,
+    llama.MODEL_TYPE: llama,
+    bert.MODEL_TYPE: bert,
+    marian.MODEL_TYPE: marian,
+}
 
 
 def _family(module) -> str:
@@ -75,7 +80,8 @@ def hf_preset_data(path) -> dict:
         (+ `"task"`: head arguments such as `num_classes`). GPT: the class
         is `GPTBackbone` for a base-model checkpoint (`architectures:
         ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`; BERT: see
-        `keras_transformers.convert.bert`.
+        `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
+        `MarianModel`, else `Seq2SeqLM`.
 
     Raises:
         ValueError: unknown `model_type`, or an option we cannot convert.
@@ -155,12 +161,14 @@ def export_hf(model, directory) -> None:
     tokenizer, its files, so that
     `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it
     (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
-    ...`TokenClassification` for BERT). Rotary GPT models export as "llama",
-    learned-position ones as "gpt2"; BERT-family models as "bert".
+    ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
+    for seq2seq). Rotary GPT models export as "llama", learned-position ones
+    as "gpt2"; BERT-family models as "bert"; seq2seq models as "marian".
 
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
-            `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`.
+            `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
+            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout).
         directory: output directory (created if needed).
 
     Raises:
@@ -170,6 +178,8 @@ def export_hf(model, directory) -> None:
     family = getattr(backbone, "family", None)
     if family == "bert":
         hf, tensors = bert.export(model)
+    elif family == "transformer":
+        hf, tensors = marian.export(model)
     elif family == "gpt":
         config = backbone.config
         module = llama if config.position_embedding == "rotary" else gpt2
@@ -177,8 +187,8 @@ def export_hf(model, directory) -> None:
         tensors = module.export_weights(backbone)
     else:
         raise ValueError(
-            "export_hf supports GPT-family (GPT-2 / Llama layouts) and BERT-family "
-            f"models. Received: {type(model).__name__}."
+            "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family and "
+            f"seq2seq (Marian) models. Received: {type(model).__name__}."
         )
     write_checkpoint(directory, {**hf, "torch_dtype": "float32"}, tensors)
     tokenizer = getattr(model, "tokenizer", None)
