@@ -1,28 +1,42 @@
-"""Training utilities Keras lacks: schedules, masked losses and metrics,
-and throughput / MFU measurement.
+"""Training utilities Keras lacks: schedules, the paper's Adam, masked losses
+and metrics, BLEU, checkpoint averaging, and throughput / MFU measurement.
 
 Everything here is backend-agnostic (JAX, TensorFlow, PyTorch), works inside
 compiled `model.fit()`, and is registered for `.keras` serialization under
 the package name "keras_transformers".
 """
 
+from keras_transformers.training.averaging import CheckpointAveraging
+from keras_transformers.training.bleu import (
+    BleuScore,
+    corpus_bleu,
+    sentence_bleu,
+    tokenize_13a,
+)
 from keras_transformers.training.callbacks import (
     ThroughputCallback,
     training_flops_per_token,
 )
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformers.training.metrics import MaskedAccuracy, Perplexity
+from keras_transformers.training.optimizers import transformer_adam
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,
     WarmupCosineDecay,
 )
 
 __all__ = [
+    "BleuScore",
+    "CheckpointAveraging",
     "InverseSquareRootSchedule",
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
     "Perplexity",
     "ThroughputCallback",
     "WarmupCosineDecay",
+    "corpus_bleu",
+    "sentence_bleu",
+    "tokenize_13a",
     "training_flops_per_token",
+    "transformer_adam",
 ]
