@@ -1,13 +1,16 @@
-"""Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``):
+"""Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``,
+``bench_seq2seq.py``):
 environment facts, the Keras optimizer and loss, the contender interface and
 the alternating-rounds timing harness. Not a benchmark itself."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quieter TensorFlow/XLA start-up
@@ -75,6 +78,35 @@ def load():
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
+
+
+def run_meta(backend, torch, sizes, args, argv=None):
+    """The facts printed at start-up and written to the JSON file."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "backend": backend,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "versions": versions(),
+        "git": git_revision(),
+        "load_start": load(),
+        "sizes": sizes,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "argv": sys.argv[1:] if argv is None else list(argv),
+    }
+
+
+def print_meta(meta):
+    print(
+        f"backend={meta['backend']}  cpu={meta['cpu']} x{meta['cpu_count']}  "
+        f"torch_threads={meta['torch_threads']}"
+    )
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
+    print(f"git: {meta['git']}")
+    print(f"load average at start: {meta['load_start']}")
+    print(f"sizes: {meta['sizes']}  repeats={meta['repeats']} steps={meta['steps']}")
 
 
 def setup_torch(threads):
@@ -169,6 +201,34 @@ def ratio(a, b):
 
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
+
+
+def ratio_table(results, rows, firsts=(), extra=()):
+    """Prints medians and ours/other speed ratios; returns the ratios.
+
+    `rows`: `(label, key, higher_is_better, format)` for each measured
+    figure; `firsts`: `(label, key)` for first-call times (no ratio);
+    `extra`: `(label, {name: text})` rows printed as given.
+    """
+    names = list(results)
+    others = [n for n in names if n != "ours"]
+    blank = [""] * len(others)
+    lines = [["metric (median)"] + names + [f"ours/{n} speed" for n in others]]
+    ratios = {}
+    for label, key, higher, spec in rows:
+        line = [label] + [fmt(results[n].get(key), spec) for n in names]
+        for n in others:
+            a, b = results["ours"].get(key), results[n].get(key)
+            r = (a / b if a is not None and b else None) if higher else ratio(a, b)
+            ratios[f"{key}:ours/{n}"] = r
+            line.append(fmt(r, ".2f"))
+        lines.append(line)
+    for label, key in firsts:
+        lines.append([label] + [fmt(results[n].get(key), ".2f") for n in names] + blank)
+    for label, values in extra:
+        lines.append([label] + [str(values.get(n, "-")) for n in names] + blank)
+    print_table(lines)
+    return ratios
 
 
 def print_table(lines):

@@ -19,14 +19,17 @@ from keras_transformers.generation.sampling import SamplerSpec, next_token
 BUCKET = 32
 
 
-def _prompt_rows(model, prompts):
-    """Normalises prompts to a list of id lists; returns (rows, was_text, single)."""
+def _prompt_rows(model, prompts, ids_key="token_ids", mask_key="padding_mask"):
+    """Normalises prompts to a list of id lists; returns (rows, was_text, single).
+
+    A dict gives its ids under `ids_key` and its (right-padding) mask under
+    `mask_key`; strings are encoded with `model.tokenizer`."""
     single = isinstance(prompts, str)
     if single:
         prompts = [prompts]
     if isinstance(prompts, dict):
-        ids = np.asarray(ops.convert_to_numpy(prompts["token_ids"]))
-        mask = prompts.get("padding_mask")
+        ids = np.asarray(ops.convert_to_numpy(prompts[ids_key]))
+        mask = prompts.get(mask_key)
         mask = (
             np.ones_like(ids, bool)
             if mask is None
@@ -50,20 +53,27 @@ def _prompt_rows(model, prompts):
     return rows, False, single
 
 
-def _check_rows(rows, config, total):
+def _check_ids(rows, config, noun="prompt", arg="prompts"):
+    """Every row is non-empty with ids in [0, vocabulary_size)."""
     if not rows:
-        raise ValueError("`prompts` is empty: pass at least one prompt.")
+        raise ValueError(f"`{arg}` is empty: pass at least one {noun}.")
     for i, row in enumerate(rows):
         if len(row) == 0:
             raise ValueError(
-                f"Prompt {i} is empty: generation needs at least one token (e.g. a BOS id)."
+                f"{noun.capitalize()} {i} is empty: generation needs at least one "
+                "token (e.g. a BOS id)."
             )
         bad = [t for t in row if not 0 <= int(t) < config.vocabulary_size]
         if bad:
             raise ValueError(
-                f"Prompt {i} contains id {int(bad[0])}, outside [0, vocabulary_size="
-                f"{config.vocabulary_size}). Check that the tokenizer matches the model."
+                f"{noun.capitalize()} {i} contains id {int(bad[0])}, outside "
+                f"[0, vocabulary_size={config.vocabulary_size}). Check that the "
+                "tokenizer matches the model."
             )
+
+
+def _check_rows(rows, config, total):
+    _check_ids(rows, config)
     if total > config.max_sequence_length:
         raise ValueError(
             f"Prompt length {max(map(len, rows))} plus max_new_tokens needs {total} positions, "
@@ -83,8 +93,12 @@ def _stop_ids(model, stop_token_ids):
     return tuple(int(t) for t in stop_token_ids)
 
 
-def _step_fn(model, spec, stop_ids, pad_id):
-    """The loop body: produce position `index` for every row."""
+def _step_fn(model, spec, stop_ids, pad_id, call=None):
+    """The loop body: produce position `index` for every row.
+
+    `call(token_ids [B, 1], cache, cache_index) -> (logits [B, 1, V], cache)`
+    is one cached decoding step (default: `model.call_with_cache`)."""
+    call = model.call_with_cache if call is None else call
     stop = (
         None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
     )
@@ -92,7 +106,7 @@ def _step_fn(model, spec, stop_ids, pad_id):
     def step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms):
         batch = token_ids.shape[0]
         previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # [B, 1]
-        logits, cache = model.call_with_cache(previous, cache, index - 1)  # [B, 1, V]
+        logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
         uniform = ops.take(uniforms, index, axis=0)  # [B]
         sampled = next_token(logits[:, 0, :], uniform, spec)  # [B]
         in_prompt = ops.slice(prompt_mask, (0, index), (batch, 1))[:, 0]
@@ -120,24 +134,35 @@ def _prefill(model, token_ids):
     return cache
 
 
+def decode_loop(step, token_ids, cache, prompt_mask, limits, uniforms, start, end):
+    """Runs `step` (from `_step_fn`) for positions `start .. end - 1` inside
+    one `ops.while_loop`, stopping once every row is done.
+
+    Returns `(token_ids [B, L], generated [B, L])`, `generated` True where
+    the loop wrote a new token."""
+    done = ops.zeros((token_ids.shape[0],), "bool")
+    generated = ops.zeros(token_ids.shape, "bool")
+
+    def cond(index, token_ids, cache, done, generated):
+        return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
+
+    def body(index, token_ids, cache, done, generated):
+        return step(
+            index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
+        )
+
+    state = ops.while_loop(cond, body, (start, token_ids, cache, done, generated))
+    return state[1], state[4]
+
+
 def _loop_fn(model, spec, stop_ids, pad_id):
     step = _step_fn(model, spec, stop_ids, pad_id)
 
     def run(token_ids, prompt_mask, limits, uniforms, start, end):
         cache = _prefill(model, token_ids)
-        done = ops.zeros((token_ids.shape[0],), "bool")
-        generated = ops.zeros(token_ids.shape, "bool")
-
-        def cond(index, token_ids, cache, done, generated):
-            return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
-
-        def body(index, token_ids, cache, done, generated):
-            return step(
-                index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
-            )
-
-        state = ops.while_loop(cond, body, (start, token_ids, cache, done, generated))
-        return state[1], state[4]
+        return decode_loop(
+            step, token_ids, cache, prompt_mask, limits, uniforms, start, end
+        )
 
     return run
 
