@@ -8,6 +8,9 @@ Usage::
     keras-transformers finetune runs/bert_tiny --task classify --data tweets.csv \
         --text-column text --label-column label --output runs/classifier
     keras-transformers generate runs/gpt_mini --prompt "The Python" [--stream]
+    keras-transformers train transformer_tiny --source en.txt --target fr.txt \
+        --output runs/en_fr        (or --task numbers: no files needed)
+    keras-transformers translate runs/en_fr --text "Hello." [--num-beams 4]
 
 `python -m keras_transformers.cli ...` is the same command. The backend is
 chosen by `KERAS_BACKEND` (jax, tensorflow or torch) as usual for Keras.
@@ -77,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser(
         "train",
-        help="train a causal LM (gpt) or masked LM (bert) preset on a text file",
+        help="train a causal LM (gpt), masked LM (bert) or translation "
+        "(transformer) preset",
         description=(
             "Trains a tokenizer on the text (byte-level BPE for causal LMs, "
             "WordPiece for bert), then the preset's architecture (random init) "
@@ -153,8 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     from keras_transformers.cli_bert import add_finetune_parser
+    from keras_transformers.cli_seq2seq import add_train_arguments, add_translate_parser
 
+    add_train_arguments(train)
     add_finetune_parser(commands, _positive_int, _positive_float)
+    add_translate_parser(commands, _positive_int, _positive_float)
 
     generate = commands.add_parser(
         "generate",
@@ -233,11 +240,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Runs `train` (`train_model`, or `pretrain_bert` for a bert preset)."""
+    """Runs `train`: `train_model`, `pretrain_bert` for a bert preset, or
+    `train_seq2seq` for a transformer preset (or --source/--target/--task)."""
+    from keras_transformers.cli_seq2seq import train_seq2seq, wants_seq2seq
     from keras_transformers.presets import list_presets
 
     info = list_presets().get(args.preset, {})
-    if info.get("family") == "bert":
+    if wants_seq2seq(args, info.get("family")):
+        train_seq2seq(args)
+    elif info.get("family") == "bert":
         from keras_transformers.cli_bert import pretrain_bert
 
         pretrain_bert(args)
@@ -345,11 +356,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Runs `translate` (see `cli_seq2seq.cmd_translate`)."""
+    from keras_transformers.cli_seq2seq import cmd_translate as translate
+
+    return translate(args)
+
+
 COMMANDS = {
     "presets": cmd_presets,
     "train": cmd_train,
     "finetune": cmd_finetune,
     "generate": cmd_generate,
+    "translate": cmd_translate,
 }
 
 
