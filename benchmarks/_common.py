@@ -1,17 +1,24 @@
 """Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``,
 ``bench_seq2seq.py``):
-environment facts, the Keras optimizer and loss, the contender interface and
-the alternating-rounds timing harness. Not a benchmark itself."""
+the command line, environment facts, the Keras optimizer and loss, the
+contender interface and its Keras and Hugging Face bases, the
+alternating-rounds timing harness, and the results table and JSON file. Not a
+benchmark itself."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quieter TensorFlow/XLA start-up
 
@@ -22,6 +29,36 @@ TORCH_THREADS_HELP = (
     "torch.set_num_threads for every torch user in the process (default 1: on a "
     "shared, oversubscribed CPU, OpenMP threads make eager torch ~10x slower)"
 )
+
+
+# --------------------------------------------------------------- command line
+def parse_common_args(doc, argv=None, skips=(), quick_flags=("--quick",)):
+    """The command line every benchmark shares.
+
+    `doc`: the script's docstring (its first paragraph is the description);
+    `skips`: `(name, help)` for each of the script's own `--skip-NAME` flags,
+    listed after `--skip-kerashub`; `quick_flags`: the smoke-test flag and its
+    aliases (`args.quick`), which caps `--repeats` and `--steps` at 2.
+    """
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median taken)")
+    p.add_argument(
+        "--steps", type=int, default=3, help="training steps per timed round"
+    )
+    p.add_argument(
+        *quick_flags, action="store_true", help="tiny sizes, 2 rounds: a smoke test"
+    )
+    p.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face")
+    p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
+    for name, help_ in skips:
+        p.add_argument(f"--skip-{name}", action="store_true", help=help_)
+    p.add_argument("--torch-threads", type=int, default=1, help=TORCH_THREADS_HELP)
+    p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats = min(args.repeats, 2)
+        args.steps = min(args.steps, 2)
+    return args
 
 
 # --------------------------------------------------------------- environment
@@ -118,6 +155,18 @@ def setup_torch(threads):
     return torch
 
 
+def start(args):
+    """Imports Keras, sets up torch where anything uses it (Hugging Face, or
+    the torch backend) and seeds Keras; returns `(backend, torch or None)`."""
+    import keras
+
+    backend = keras.config.backend()
+    need_torch = backend == "torch" or not args.skip_hf
+    torch = setup_torch(args.torch_threads) if need_torch else None
+    keras.utils.set_random_seed(0)
+    return backend, torch
+
+
 # --------------------------------------------------------------- contenders
 class Contender:
     """A name, a parameter count, and the callables the harness times."""
@@ -136,6 +185,72 @@ class Contender:
 
     def notes(self) -> str:
         return ""
+
+
+class KerasContender(Contender):
+    """A compiled Keras model (`self.model`, built by the subclass) trained by
+    `train_on_batch(x, y)`."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def params(self):
+        return self.model.count_params()
+
+    def train_step(self):
+        return self.model.train_on_batch(self.x, self.y)
+
+    def notes(self):
+        return f"jit_compile={self.model.jit_compile}"
+
+
+class HFContender(Contender):
+    """A Hugging Face model in eager PyTorch: a training step is
+    `model(**self.inputs).loss` (the subclass sets `inputs`), backward and a
+    `torch.optim.AdamW` step with the Keras models' learning rate and weight
+    decay."""
+
+    name = "hf"
+
+    def __init__(self, model, torch):
+        self.model, self.torch = model, torch
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+        )
+
+    def long(self, a):
+        return self.torch.as_tensor(np.asarray(a), dtype=self.torch.long)
+
+    def params(self):
+        return sum(p.numel() for p in self.model.parameters())  # tied: counted once
+
+    def train_step(self):
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.model(**self.inputs).loss
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def notes(self):
+        return (
+            f"attn={self.model.config._attn_implementation}, "
+            f"threads={self.torch.get_num_threads()}"
+        )
+
+
+def build_contenders(args, ours, kerashub, hf):
+    """Builds `ours()`, then `kerashub()` and `hf()` unless skipped; prints
+    their parameter counts and notes; returns `(contenders, results)`."""
+    contenders = [ours()]
+    if not args.skip_kerashub:
+        contenders.append(kerashub())
+    if not args.skip_hf:
+        contenders.append(hf())
+    results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
+    for c in contenders:
+        print(f"{c.name:9s} params={results[c.name]['params']:,}  {c.notes()}")
+    return contenders, results
 
 
 def keras_optimizer():
@@ -195,6 +310,31 @@ def bench_train(contenders, steps, repeats):
     return run_rounds(contenders, one_step, round_, repeats, "train")
 
 
+def record_train(contenders, results, args, final_loss=False):
+    """Runs `bench_train` and stores its figures in `results`; with
+    `final_loss`, one more step's loss too (`loss after timing`)."""
+    first, samples = bench_train(contenders, args.steps, args.repeats)
+    for c in contenders:
+        r = results[c.name]
+        r["train_first_step_s"] = first[c.name]
+        r["train_samples_s_per_step"] = samples[c.name]
+        r["train_s_per_step"] = statistics.median(samples[c.name])
+        if final_loss:
+            r["final_loss"] = float(np.ravel(c.train_step())[0])
+
+
+def bench_calls(contenders, call, check, repeats, label):
+    """Seconds per `call(c)`; `check(c.name, output)` runs after each call,
+    untimed."""
+
+    def one(c):
+        seconds, out = timed(lambda: call(c))
+        check(c.name, out)
+        return seconds
+
+    return run_rounds(contenders, one, one, repeats, label)
+
+
 def ratio(a, b):
     return None if a is None or b is None or a == 0 else b / a
 
@@ -203,12 +343,21 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def loss_row(results):
+    """The `extra` row of `ratio_table` for `record_train(final_loss=True)`."""
+    return (
+        "loss after timing",
+        {n: fmt(r.get("final_loss"), ".3f") for n, r in results.items()},
+    )
+
+
 def ratio_table(results, rows, firsts=(), extra=()):
     """Prints medians and ours/other speed ratios; returns the ratios.
 
     `rows`: `(label, key, higher_is_better, format)` for each measured
     figure; `firsts`: `(label, key)` for first-call times (no ratio);
-    `extra`: `(label, {name: text})` rows printed as given.
+    `extra`: `(label, {name: text})` rows printed as given; last, the
+    parameter counts.
     """
     names = list(results)
     others = [n for n in names if n != "ours"]
@@ -227,6 +376,7 @@ def ratio_table(results, rows, firsts=(), extra=()):
         lines.append([label] + [fmt(results[n].get(key), ".2f") for n in names] + blank)
     for label, values in extra:
         lines.append([label] + [str(values.get(n, "-")) for n in names] + blank)
+    lines.append(["params"] + [f"{results[n]['params']:,}" for n in names] + blank)
     print_table(lines)
     return ratios
 
@@ -240,3 +390,18 @@ def print_table(lines):
         if i == 0:
             print("-+-".join("-" * w for w in widths))
     print("(speed ratio > 1: ours is faster)")
+
+
+# --------------------------------------------------------------- results
+def finish(args, meta, t0, results, report):
+    """Ends the run: wall time (since `t0`) and load into `meta`, the table
+    (`report(results)`, which returns the speed ratios), then `--json`."""
+    meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    meta["load_end"] = load()
+    ratios = report(results)
+    print(f"wall time {meta['wall_s']}s; load average at end: {meta['load_end']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": results, "ratios": ratios}, f, indent=2)
+        print(f"wrote {args.json}")
+    return results

@@ -35,33 +35,25 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import math
-import os
-import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from _common import (
-    LEARNING_RATE,
-    TORCH_THREADS_HELP,
-    WEIGHT_DECAY,
-    Contender,
-    bench_train,
-    cpu_model,
-    fmt,
-    git_revision,
+    HFContender,
+    KerasContender,
+    build_contenders,
+    finish,
     keras_loss,
     keras_optimizer,
-    load,
-    print_table,
-    ratio,
-    setup_torch,
-    versions,
+    loss_row,
+    parse_common_args,
+    print_meta,
+    ratio_table,
+    record_train,
+    run_meta,
+    start,
 )
 
 
@@ -97,23 +89,7 @@ PAD_TOKEN_ID = 0
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median taken)")
-    p.add_argument(
-        "--steps", type=int, default=3, help="training steps per timed round"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test"
-    )
-    p.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face")
-    p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
-    p.add_argument("--torch-threads", type=int, default=1, help=TORCH_THREADS_HELP)
-    p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.repeats = min(args.repeats, 2)
-        args.steps = min(args.steps, 2)
-    return args
+    return parse_common_args(__doc__, argv)
 
 
 def make_batch(sizes: Sizes, seed=0):
@@ -150,20 +126,6 @@ def make_batch(sizes: Sizes, seed=0):
 
 
 # --------------------------------------------------------------- contenders
-class KerasContender(Contender):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def params(self):
-        return self.model.count_params()
-
-    def train_step(self):
-        return self.model.train_on_batch(self.x, self.y)
-
-    def notes(self):
-        return f"jit_compile={self.model.jit_compile}"
-
-
 class Ours(KerasContender):
     name = "ours"
 
@@ -217,13 +179,10 @@ class KerasHub(KerasContender):
         )
 
 
-class HuggingFace(Contender):
-    name = "hf"
-
+class HuggingFace(HFContender):
     def __init__(self, sizes: Sizes, x, labels_full, torch):
         from transformers import BertConfig, BertForMaskedLM
 
-        self.torch = torch
         config = BertConfig(
             vocab_size=sizes.vocabulary_size,
             hidden_size=sizes.hidden_dim,
@@ -239,124 +198,45 @@ class HuggingFace(Contender):
             pad_token_id=PAD_TOKEN_ID,
             tie_word_embeddings=True,
         )
-        self.model = BertForMaskedLM(config)  # no pooler (add_pooling_layer=False)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
-        )
-
-        def long(a):
-            return torch.as_tensor(np.asarray(a), dtype=torch.long)
-
+        # No pooler (add_pooling_layer=False).
+        super().__init__(BertForMaskedLM(config), torch)
         self.inputs = {
-            "input_ids": long(x["token_ids"]),
-            "token_type_ids": long(x["segment_ids"]),
-            "attention_mask": long(x["padding_mask"]),
-            "labels": long(labels_full),
+            "input_ids": self.long(x["token_ids"]),
+            "token_type_ids": self.long(x["segment_ids"]),
+            "attention_mask": self.long(x["padding_mask"]),
+            "labels": self.long(labels_full),
         }
-
-    def params(self):
-        return sum(p.numel() for p in self.model.parameters())  # tied: counted once
-
-    def train_step(self):
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
-
-    def notes(self):
-        return f"attn={self.model.config._attn_implementation}, threads={self.torch.get_num_threads()}"
 
 
 # --------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    import keras
-
-    backend = keras.config.backend()
-    need_torch = backend == "torch" or not args.skip_hf
-    torch = setup_torch(args.torch_threads) if need_torch else None
-
-    keras.utils.set_random_seed(0)
+    backend, torch = start(args)
     x, y, labels_full = make_batch(sizes)
 
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "backend": backend,
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "versions": versions(),
-        "git": git_revision(),
-        "load_start": load(),
-        "sizes": {**asdict(sizes), "num_masked": sizes.num_masked},
-        "repeats": args.repeats,
-        "steps": args.steps,
-        "argv": sys.argv[1:] if argv is None else list(argv),
-    }
-    print(
-        f"backend={backend}  cpu={meta['cpu']} x{meta['cpu_count']}  torch_threads={meta['torch_threads']}"
-    )
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
-    print(f"git: {meta['git']}")
-    print(f"load average at start: {meta['load_start']}")
-    print(f"sizes: {meta['sizes']}  repeats={args.repeats} steps={args.steps}")
+    sizes_meta = {**asdict(sizes), "num_masked": sizes.num_masked}
+    meta = run_meta(backend, torch, sizes_meta, args, argv)
+    print_meta(meta)
 
     t0 = time.perf_counter()
-    contenders = [Ours(sizes, x, y)]
-    if not args.skip_kerashub:
-        contenders.append(KerasHub(sizes, x, y))
-    if not args.skip_hf:
-        contenders.append(HuggingFace(sizes, x, labels_full, torch))
-    results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
-    for c in contenders:
-        print(f"{c.name:9s} params={results[c.name]['params']:,}  {c.notes()}")
-
-    first, samples = bench_train(contenders, args.steps, args.repeats)
-    for c in contenders:
-        results[c.name]["train_first_step_s"] = first[c.name]
-        results[c.name]["train_samples_s_per_step"] = samples[c.name]
-        results[c.name]["train_s_per_step"] = statistics.median(samples[c.name])
-        results[c.name]["final_loss"] = float(np.ravel(c.train_step())[0])
-    meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    meta["load_end"] = load()
-
-    ratios = report(results)
-    print(f"wall time {meta['wall_s']}s; load average at end: {meta['load_end']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": results, "ratios": ratios}, f, indent=2)
-        print(f"wrote {args.json}")
-    return results
+    contenders, results = build_contenders(
+        args,
+        lambda: Ours(sizes, x, y),
+        lambda: KerasHub(sizes, x, y),
+        lambda: HuggingFace(sizes, x, labels_full, torch),
+    )
+    record_train(contenders, results, args, final_loss=True)
+    return finish(args, meta, t0, results, report)
 
 
 def report(results):
-    names = list(results)
-    others = [n for n in ("kerashub", "hf") if n in results]
-    header = ["metric (median)"] + names + [f"ours/{n} speed" for n in others]
-    key = "train_s_per_step"
-    line = ["train s/step"] + [fmt(results[n].get(key), ".3f") for n in names]
-    ratios = {}
-    for n in others:
-        r = ratio(results["ours"].get(key), results[n].get(key))
-        ratios[f"{key}:ours/{n}"] = r
-        line.append(fmt(r, ".2f"))
-    blank = [""] * len(others)
-    lines = [
-        header,
-        line,
-        ["train 1st step s"]
-        + [fmt(results[n].get("train_first_step_s"), ".2f") for n in names]
-        + blank,
-        ["loss after timing"]
-        + [fmt(results[n].get("final_loss"), ".3f") for n in names]
-        + blank,
-        ["params"] + [f"{results[n]['params']:,}" for n in names] + blank,
-    ]
-    print_table(lines)
-    return ratios
+    return ratio_table(
+        results,
+        [("train s/step", "train_s_per_step", False, ".3f")],
+        [("train 1st step s", "train_first_step_s")],
+        [loss_row(results)],
+    )
 
 
 if __name__ == "__main__":

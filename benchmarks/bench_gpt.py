@@ -33,34 +33,25 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from _common import (
-    LEARNING_RATE,
-    TORCH_THREADS_HELP,
-    WEIGHT_DECAY,
-    Contender,
-    bench_train,
-    cpu_model,
-    fmt,
-    git_revision,
+    HFContender,
+    KerasContender,
+    bench_calls,
+    build_contenders,
+    finish,
     keras_loss,
     keras_optimizer,
-    load,
-    print_table,
-    ratio,
-    run_rounds,
-    setup_torch,
-    timed,
-    versions,
+    parse_common_args,
+    print_meta,
+    ratio_table,
+    record_train,
+    run_meta,
+    start,
 )
 
 
@@ -91,39 +82,18 @@ QUICK = Sizes(
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median taken)")
-    p.add_argument(
-        "--steps", type=int, default=3, help="training steps per timed round"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test"
-    )
-    p.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face")
-    p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
-    p.add_argument("--skip-train", action="store_true", help="generation only")
-    p.add_argument("--skip-generate", action="store_true", help="training only")
-    p.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help=TORCH_THREADS_HELP,
-    )
-    p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.repeats = min(args.repeats, 2)
-        args.steps = min(args.steps, 2)
-    return args
+    skips = [("train", "generation only"), ("generate", "training only")]
+    return parse_common_args(__doc__, argv, skips)
 
 
 # --------------------------------------------------------------- contenders
-class Ours(Contender):
+class Ours(KerasContender):
     name = "ours"
 
     def __init__(self, sizes: Sizes, x, y):
         from keras_transformers.models.gpt import GPTCausalLM
 
+        super().__init__(x, y)
         self.sizes = sizes
         self.model = GPTCausalLM(
             vocabulary_size=sizes.vocabulary_size,
@@ -141,29 +111,20 @@ class Ours(Contender):
             attention_dropout=0.0,
         )
         self.model.compile(optimizer=keras_optimizer(), loss=keras_loss())
-        self.x, self.y = x, y
-
-    def params(self):
-        return self.model.count_params()
-
-    def train_step(self):
-        return self.model.train_on_batch(self.x, self.y)
 
     def generate(self, prompts):
         return self.model.generate(
             prompts, max_new_tokens=self.sizes.new_tokens, stop_token_ids=None
         )
 
-    def notes(self):
-        return f"jit_compile={self.model.jit_compile}"
 
-
-class KerasHub(Contender):
+class KerasHub(KerasContender):
     name = "kerashub"
 
     def __init__(self, sizes: Sizes, x, y):
         import keras_hub
 
+        super().__init__(x, y)
         self.sizes = sizes
         backbone = keras_hub.models.GPT2Backbone(
             vocabulary_size=sizes.vocabulary_size,
@@ -182,13 +143,6 @@ class KerasHub(Contender):
             weighted_metrics=None,
             sampler="greedy",
         )
-        self.x, self.y = x, y
-
-    def params(self):
-        return self.model.count_params()
-
-    def train_step(self):
-        return self.model.train_on_batch(self.x, self.y)
 
     def generate(self, prompts):
         # Without a preprocessor, KerasHub generates into the padded buffer:
@@ -205,18 +159,11 @@ class KerasHub(Contender):
         )
         return np.asarray(out["token_ids"])
 
-    def notes(self):
-        return f"jit_compile={self.model.jit_compile}"
 
-
-class HuggingFace(Contender):
-    name = "hf"
-
+class HuggingFace(HFContender):
     def __init__(self, sizes: Sizes, x, torch):
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        self.sizes = sizes
-        self.torch = torch
         config = GPT2Config(
             vocab_size=sizes.vocabulary_size,
             n_positions=sizes.sequence_length,
@@ -234,22 +181,10 @@ class HuggingFace(Contender):
             eos_token_id=sizes.vocabulary_size - 1,
             pad_token_id=0,
         )
-        self.model = GPT2LMHeadModel(config)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
-        )
-        self.x = torch.as_tensor(np.asarray(x["token_ids"]), dtype=torch.long)
-
-    def params(self):
-        return sum(p.numel() for p in self.model.parameters())  # tied: counted once
-
-    def train_step(self):
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(input_ids=self.x, labels=self.x).loss
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
+        super().__init__(GPT2LMHeadModel(config), torch)
+        self.sizes = sizes
+        ids = self.long(x["token_ids"])
+        self.inputs = {"input_ids": ids, "labels": ids}
 
     def generate(self, prompts):
         torch = self.torch
@@ -266,9 +201,6 @@ class HuggingFace(Contender):
         )
         return out.numpy()
 
-    def notes(self):
-        return f"attn={self.model.config._attn_implementation}, threads={self.torch.get_num_threads()}"
-
 
 # --------------------------------------------------------------- harness
 def check_generated(name, out, prompts, new_tokens):
@@ -283,25 +215,19 @@ def check_generated(name, out, prompts, new_tokens):
 
 def bench_generate(contenders, prompts, new_tokens, repeats, label):
     """Seconds per `generate` call on `prompts`."""
-
-    def call(c):
-        seconds, out = timed(lambda: c.generate(prompts))
-        check_generated(c.name, out, prompts, new_tokens)
-        return seconds
-
-    return run_rounds(contenders, call, call, repeats, label)
+    return bench_calls(
+        contenders,
+        lambda c: c.generate(prompts),
+        lambda name, out: check_generated(name, out, prompts, new_tokens),
+        repeats,
+        label,
+    )
 
 
 def main(argv=None):
     args = parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    import keras
-
-    backend = keras.config.backend()
-    need_torch = backend == "torch" or not args.skip_hf
-    torch = setup_torch(args.torch_threads) if need_torch else None
-
-    keras.utils.set_random_seed(0)
+    backend, torch = start(args)
     rng = np.random.default_rng(0)
     tokens = rng.integers(
         1, sizes.vocabulary_size, (sizes.batch, sizes.sequence_length + 1)
@@ -316,44 +242,18 @@ def main(argv=None):
         sizes.batch: tokens[:, : sizes.prompt].copy(),
     }
 
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "backend": backend,
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "versions": versions(),
-        "git": git_revision(),
-        "load_start": load(),
-        "sizes": asdict(sizes),
-        "repeats": args.repeats,
-        "steps": args.steps,
-        "argv": sys.argv[1:] if argv is None else list(argv),
-    }
-    print(
-        f"backend={backend}  cpu={meta['cpu']} x{meta['cpu_count']}  torch_threads={meta['torch_threads']}"
-    )
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
-    print(f"git: {meta['git']}")
-    print(f"load average at start: {meta['load_start']}")
-    print(f"sizes: {asdict(sizes)}  repeats={args.repeats} steps={args.steps}")
+    meta = run_meta(backend, torch, asdict(sizes), args, argv)
+    print_meta(meta)
 
     t0 = time.perf_counter()
-    contenders = [Ours(sizes, x, y)]
-    if not args.skip_kerashub:
-        contenders.append(KerasHub(sizes, x, y))
-    if not args.skip_hf:
-        contenders.append(HuggingFace(sizes, x, torch))
-    results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
-    for c in contenders:
-        print(f"{c.name:9s} params={results[c.name]['params']:,}  {c.notes()}")
-
+    contenders, results = build_contenders(
+        args,
+        lambda: Ours(sizes, x, y),
+        lambda: KerasHub(sizes, x, y),
+        lambda: HuggingFace(sizes, x, torch),
+    )
     if not args.skip_train:
-        first, samples = bench_train(contenders, args.steps, args.repeats)
-        for c in contenders:
-            results[c.name]["train_first_step_s"] = first[c.name]
-            results[c.name]["train_samples_s_per_step"] = samples[c.name]
-            results[c.name]["train_s_per_step"] = statistics.median(samples[c.name])
+        record_train(contenders, results, args)
     if not args.skip_generate:
         for batch, p in prompts.items():
             label = f"gen b={batch}"
@@ -368,20 +268,10 @@ def main(argv=None):
                 results[c.name][f"gen_b{batch}_tokens_per_s"] = (
                     batch * sizes.new_tokens / med
                 )
-    meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    meta["load_end"] = load()
-
-    ratios = report(results, sizes, args)
-    print(f"wall time {meta['wall_s']}s; load average at end: {meta['load_end']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": results, "ratios": ratios}, f, indent=2)
-        print(f"wrote {args.json}")
-    return results
+    return finish(args, meta, t0, results, lambda r: report(r, sizes, args))
 
 
 def report(results, sizes, args):
-    names = list(results)
     rows = []  # (label, key, higher_is_better, format)
     if not args.skip_train:
         rows.append(("train s/step", "train_s_per_step", False, ".3f"))
@@ -396,31 +286,7 @@ def report(results, sizes, args):
     if not args.skip_generate:
         for batch in (1, sizes.batch):
             firsts.append((f"gen b={batch} 1st call s", f"gen_b{batch}_first_call_s"))
-
-    others = [n for n in ("kerashub", "hf") if n in results]
-    header = ["metric (median)"] + names + [f"ours/{n} speed" for n in others]
-    lines = [header]
-    ratios = {}
-    for label, key, higher, spec in rows:
-        values = [results[n].get(key) for n in names]
-        line = [label] + [fmt(v, spec) for v in values]
-        for n in others:
-            a, b = results["ours"].get(key), results[n].get(key)
-            r = (a / b if b else None) if higher else ratio(a, b)
-            ratios[f"{key}:ours/{n}"] = r
-            line.append(fmt(r, ".2f"))
-        lines.append(line)
-    for label, key in firsts:
-        lines.append(
-            [label]
-            + [fmt(results[n].get(key), ".2f") for n in names]
-            + [""] * len(others)
-        )
-    lines.append(
-        ["params"] + [f"{results[n]['params']:,}" for n in names] + [""] * len(others)
-    )
-    print_table(lines)
-    return ratios
+    return ratio_table(results, rows, firsts)
 
 
 if __name__ == "__main__":

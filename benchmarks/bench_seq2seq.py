@@ -32,28 +32,26 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from _common import (
-    LEARNING_RATE,
-    TORCH_THREADS_HELP,
-    WEIGHT_DECAY,
-    Contender,
-    bench_train,
+    HFContender,
+    KerasContender,
+    bench_calls,
+    build_contenders,
+    finish,
     keras_loss,
     keras_optimizer,
-    load,
+    loss_row,
+    parse_common_args,
     print_meta,
     ratio_table,
+    record_train,
     run_meta,
-    run_rounds,
-    setup_torch,
-    timed,
+    start,
 )
 
 PAD, BOS, EOS = 0, 1, 2  # the transformer presets' ids; HF and KerasHub use the same
@@ -97,28 +95,8 @@ QUICK = Sizes(
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median taken)")
-    p.add_argument(
-        "--steps", type=int, default=3, help="training steps per timed round"
-    )
-    p.add_argument(
-        "--quick",
-        "--tiny",
-        action="store_true",
-        help="tiny sizes, 2 rounds: a smoke test",
-    )
-    p.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face")
-    p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
-    p.add_argument("--skip-train", action="store_true", help="decoding only")
-    p.add_argument("--skip-decode", action="store_true", help="training only")
-    p.add_argument("--torch-threads", type=int, default=1, help=TORCH_THREADS_HELP)
-    p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.repeats = min(args.repeats, 2)
-        args.steps = min(args.steps, 2)
-    return args
+    skips = [("train", "decoding only"), ("decode", "training only")]
+    return parse_common_args(__doc__, argv, skips, ("--quick", "--tiny"))
 
 
 def make_data(sizes: Sizes, seed=0):
@@ -146,27 +124,14 @@ def make_data(sizes: Sizes, seed=0):
 
 
 # --------------------------------------------------------------- contenders
-class KerasContender(Contender):
-    def __init__(self, sizes: Sizes, x, y):
-        self.sizes, self.x, self.y = sizes, x, y
-
-    def params(self):
-        return self.model.count_params()
-
-    def train_step(self):
-        return self.model.train_on_batch(self.x, self.y)
-
-    def notes(self):
-        return f"jit_compile={self.model.jit_compile}"
-
-
 class Ours(KerasContender):
     name = "ours"
 
     def __init__(self, sizes: Sizes, x, y):
         from keras_transformers.models import Seq2SeqLM
 
-        super().__init__(sizes, x, y)
+        super().__init__(x, y)
+        self.sizes = sizes
         # The 2017 layout (post-norm, sinusoidal positions, embeddings scaled by
         # sqrt(D) and tied three ways, ReLU) at the benchmark's sizes.
         self.model = Seq2SeqLM.from_preset(
@@ -206,7 +171,8 @@ class KerasHub(KerasContender):
     def __init__(self, sizes: Sizes, x, y):
         import keras_hub
 
-        super().__init__(sizes, x, y)
+        super().__init__(x, y)
+        self.sizes = sizes
         backbone = keras_hub.models.BartBackbone(
             vocabulary_size=sizes.vocabulary_size,
             num_layers=sizes.num_layers,
@@ -247,13 +213,10 @@ class KerasHub(KerasContender):
         return np.asarray(out["decoder_token_ids"])
 
 
-class HuggingFace(Contender):
-    name = "hf"
-
+class HuggingFace(HFContender):
     def __init__(self, sizes: Sizes, x, y, torch):
         from transformers import MarianConfig, MarianMTModel
 
-        self.sizes, self.torch = sizes, torch
         config = MarianConfig(
             vocab_size=sizes.vocabulary_size,
             d_model=sizes.hidden_dim,
@@ -277,33 +240,19 @@ class HuggingFace(Contender):
             decoder_start_token_id=BOS,
             forced_eos_token_id=None,
         )
-        self.model = MarianMTModel(config)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
-        )
-
-        def long(a):
-            return torch.as_tensor(np.asarray(a), dtype=torch.long)
-
+        super().__init__(MarianMTModel(config), torch)
+        self.sizes = sizes
         self.inputs = {
-            "input_ids": long(x["encoder_token_ids"]),
-            "attention_mask": long(x["encoder_padding_mask"]),
-            "decoder_input_ids": long(x["decoder_token_ids"]),
-            "decoder_attention_mask": long(x["decoder_padding_mask"]),
-            "labels": long(y),
+            "input_ids": self.long(x["encoder_token_ids"]),
+            "attention_mask": self.long(x["encoder_padding_mask"]),
+            "decoder_input_ids": self.long(x["decoder_token_ids"]),
+            "decoder_attention_mask": self.long(x["decoder_padding_mask"]),
+            "labels": self.long(y),
         }
 
     def params(self):
         # Tied embeddings counted once; the frozen sinusoid tables are left out.
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-
-    def train_step(self):
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
 
     def decode(self, sources):
         torch, s = self.torch, self.sizes
@@ -322,12 +271,6 @@ class HuggingFace(Contender):
             )
         return out.numpy()
 
-    def notes(self):
-        return (
-            f"attn={self.model.config._attn_implementation}, "
-            f"threads={self.torch.get_num_threads()}"
-        )
-
 
 # --------------------------------------------------------------- harness
 def check_decoded(name, out, sources, new_tokens):
@@ -343,13 +286,13 @@ def check_decoded(name, out, sources, new_tokens):
 
 def bench_decode(contenders, sources, new_tokens, repeats):
     """Seconds per beam-search call on `sources`."""
-
-    def call(c):
-        seconds, out = timed(lambda: c.decode(sources))
-        check_decoded(c.name, out, sources, new_tokens)
-        return seconds
-
-    return run_rounds(contenders, call, call, repeats, "beam decode")
+    return bench_calls(
+        contenders,
+        lambda c: c.decode(sources),
+        lambda name, out: check_decoded(name, out, sources, new_tokens),
+        repeats,
+        "beam decode",
+    )
 
 
 def print_config(sizes: Sizes):
@@ -374,13 +317,7 @@ def print_config(sizes: Sizes):
 def main(argv=None):
     args = parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
-    import keras
-
-    backend = keras.config.backend()
-    need_torch = backend == "torch" or not args.skip_hf
-    torch = setup_torch(args.torch_threads) if need_torch else None
-
-    keras.utils.set_random_seed(0)
+    backend, torch = start(args)
     x, y, sources = make_data(sizes)
     meta = run_meta(
         backend,
@@ -393,23 +330,14 @@ def main(argv=None):
     print_config(sizes)
 
     t0 = time.perf_counter()
-    contenders = [Ours(sizes, x, y)]
-    if not args.skip_kerashub:
-        contenders.append(KerasHub(sizes, x, y))
-    if not args.skip_hf:
-        contenders.append(HuggingFace(sizes, x, y, torch))
-    results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
-    for c in contenders:
-        print(f"{c.name:9s} params={results[c.name]['params']:,}  {c.notes()}")
-
+    contenders, results = build_contenders(
+        args,
+        lambda: Ours(sizes, x, y),
+        lambda: KerasHub(sizes, x, y),
+        lambda: HuggingFace(sizes, x, y, torch),
+    )
     if not args.skip_train:
-        first, samples = bench_train(contenders, args.steps, args.repeats)
-        for c in contenders:
-            r = results[c.name]
-            r["train_first_step_s"] = first[c.name]
-            r["train_samples_s_per_step"] = samples[c.name]
-            r["train_s_per_step"] = statistics.median(samples[c.name])
-            r["final_loss"] = float(np.ravel(c.train_step())[0])
+        record_train(contenders, results, args, final_loss=True)
     if not args.skip_decode:
         first, samples = bench_decode(
             contenders, sources, sizes.new_tokens, args.repeats
@@ -421,16 +349,7 @@ def main(argv=None):
             r["decode_samples_s"] = samples[c.name]
             r["decode_s"] = med
             r["decode_tokens_per_s"] = sizes.decode_batch * sizes.new_tokens / med
-    meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    meta["load_end"] = load()
-
-    ratios = report(results, sizes, args)
-    print(f"wall time {meta['wall_s']}s; load average at end: {meta['load_end']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": results, "ratios": ratios}, f, indent=2)
-        print(f"wrote {args.json}")
-    return results
+    return finish(args, meta, t0, results, lambda r: report(r, sizes, args))
 
 
 def report(results, sizes, args):
@@ -438,17 +357,11 @@ def report(results, sizes, args):
     if not args.skip_train:
         rows.append(("train s/step", "train_s_per_step", False, ".3f"))
         firsts.append(("train 1st step s", "train_first_step_s"))
-        extra.append(
-            (
-                "loss after timing",
-                {n: format(r["final_loss"], ".3f") for n, r in results.items()},
-            )
-        )
+        extra.append(loss_row(results))
     if not args.skip_decode:
         label = f"beam{sizes.num_beams} b={sizes.decode_batch} tok/s"
         rows.append((label, "decode_tokens_per_s", True, ".1f"))
         firsts.append(("decode 1st call s", "decode_first_call_s"))
-    extra.append(("params", {n: f"{r['params']:,}" for n, r in results.items()}))
     return ratio_table(results, rows, firsts, extra)
 
 

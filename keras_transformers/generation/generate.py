@@ -300,8 +300,12 @@ def _finish(model, token_ids, generated, prompt_mask, was_text, single):
     if was_text:
         texts = [model.tokenizer.decode(r.tolist()) for r in rows]
         return texts[0] if single else texts
-    width = max(len(r) for r in rows)
-    out = np.full((len(rows), width), model.config.pad_token_id, "int32")
+    return pad_rows(rows, model.config.pad_token_id)
+
+
+def pad_rows(rows, pad_id):
+    """Id rows of different lengths -> a right-padded `[B, T_max]` int32 array."""
+    out = np.full((len(rows), max(len(r) for r in rows)), pad_id, "int32")
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out

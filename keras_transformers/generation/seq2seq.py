@@ -29,6 +29,7 @@ from keras_transformers.generation.generate import (
     _step_fn,
     _stop_ids,
     decode_loop,
+    pad_rows,
 )
 from keras_transformers.generation.sampling import SamplerSpec
 
@@ -267,11 +268,7 @@ def _to_output(model, rows, was_text, single):
     if was_text:
         texts = [_decode(model, [int(t) for t in r]) for r in rows]
         return texts[0] if single else texts
-    width = max(len(r) for r in rows)
-    out = np.full((len(rows), width), model.config.pad_token_id, "int32")
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    return pad_rows(rows, model.config.pad_token_id)
 
 
 def _decode(model, ids):
