@@ -121,9 +121,7 @@ class Seq2SeqBackbone(TextBackbone):
             inputs, self.config
         )
         encoded = self.encode(source, source_mask, training=training)
-        return self.decode(
-            target, encoded, source_mask, target_mask, training=training
-        )
+        return self.decode(target, encoded, source_mask, target_mask, training=training)
 
     def encode(self, token_ids, padding_mask=None, training=None):
         """Encoder: `[B, S]` ids (and `[B, S]` mask) -> `[B, S, D]`."""
