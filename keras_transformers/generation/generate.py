@@ -59,9 +59,10 @@ def _check_ids(rows, config, noun="prompt", arg="prompts"):
         raise ValueError(f"`{arg}` is empty: pass at least one {noun}.")
     for i, row in enumerate(rows):
         if len(row) == 0:
+            example = "a BOS id" if noun == "prompt" else "the end token"
             raise ValueError(
                 f"{noun.capitalize()} {i} is empty: generation needs at least one "
-                "token (e.g. a BOS id)."
+                f"token (e.g. {example})."
             )
         bad = [t for t in row if not 0 <= int(t) < config.vocabulary_size]
         if bad:
