@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -83,3 +85,26 @@ def run_fit_test(model, x, y, loss=None, steps=2):
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses)), losses
     return history
+
+
+def randomize_weights(model, seed=0):
+    """Gives every weight random values (norm scales near 1, the rest small),
+    identical on every backend, so parity tests see non-trivial weights."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        noise = rng.standard_normal(tuple(variable.shape)).astype("float32")
+        is_scale = "norm" in variable.path and variable.path.endswith(
+            ("gamma", "scale")
+        )
+        variable.assign(1 + 0.2 * noise if is_scale else 0.1 * noise)
+    return model
+
+
+def edited_hf_dir(src, dst, **changes):
+    """A copy of the Hugging Face directory `src` at `dst` whose config.json
+    has `changes` applied."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst

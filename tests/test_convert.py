@@ -8,6 +8,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from contracts import edited_hf_dir, randomize_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -211,13 +212,7 @@ def _random_keras_lm(**fields):
         **fields,
     )
     lm = GPTCausalLM(config=config)
-    rng = np.random.default_rng(0)
-    for variable in lm.weights:
-        noise = rng.standard_normal(tuple(variable.shape)).astype("float32")
-        is_scale = "norm" in variable.path and variable.path.endswith(
-            ("gamma", "scale")
-        )
-        variable.assign(1 + 0.2 * noise if is_scale else 0.1 * noise)
+    randomize_weights(lm)
     return lm
 
 
@@ -253,14 +248,6 @@ def test_export_rejects_unrepresentable(tmp_path):
         export_hf(lm, tmp_path)
 
 
-def _edited(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config.update(changes)
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
 @pytest.mark.parametrize(
     "kind, changes, match",
     [
@@ -293,7 +280,7 @@ def _edited(src, dst, **changes):
     ],
 )
 def test_errors_name_the_problem(hf_dirs, tmp_path, kind, changes, match):
-    path = _edited(hf_dirs[kind], tmp_path / "edited", **changes)
+    path = edited_hf_dir(hf_dirs[kind], tmp_path / "edited", **changes)
     with pytest.raises(ValueError, match=match):
         keras_transformers.from_preset(path)
 

@@ -9,6 +9,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from contracts import edited_hf_dir, randomize_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -228,11 +229,7 @@ def _random_keras(cls, **fields):
     )
     task = {"num_classes": 3} if "Classifier" in cls.__name__ else {}
     model = cls(config=config, **task)
-    rng = np.random.default_rng(0)
-    for variable in model.weights:
-        noise = rng.standard_normal(tuple(variable.shape)).astype("float32")
-        scale = variable.path.endswith("gamma")
-        variable.assign(1 + 0.2 * noise if scale else 0.1 * noise)
+    randomize_weights(model)
     return model
 
 
@@ -260,14 +257,6 @@ def test_export_round_trip(tmp_path, kind, fields):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def _edited(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config.update(changes)
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
 @pytest.mark.parametrize(
     "changes, match",
     [
@@ -281,7 +270,7 @@ def _edited(src, dst, **changes):
     ],
 )
 def test_errors_name_the_problem(hf_dirs, tmp_path, changes, match):
-    path = _edited(hf_dirs["mlm"], tmp_path / "edited", **changes)
+    path = edited_hf_dir(hf_dirs["mlm"], tmp_path / "edited", **changes)
     with pytest.raises(ValueError, match=match):
         keras_transformers.from_preset(path)
 

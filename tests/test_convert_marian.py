@@ -9,6 +9,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from contracts import edited_hf_dir, randomize_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -237,11 +238,7 @@ def _random_keras(cls, **fields):
         bos_token_id=PAD,
     )
     model = cls(config=config.replace(**fields))
-    rng = np.random.default_rng(0)
-    for variable in model.weights:
-        noise = rng.standard_normal(tuple(variable.shape)).astype("float32")
-        scale = variable.path.endswith("gamma")
-        variable.assign(1 + 0.2 * noise if scale else 0.1 * noise)
+    randomize_weights(model)
     return model
 
 
@@ -270,14 +267,6 @@ def test_export_round_trip(tmp_path, cls, fields):
     np.testing.assert_allclose(_ours(back), ours, atol=1e-6)
 
 
-def _edited(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config.update(changes)
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
 @pytest.mark.parametrize(
     "changes, match",
     [
@@ -292,7 +281,7 @@ def _edited(src, dst, **changes):
     ],
 )
 def test_errors_name_the_problem(hf_dirs, tmp_path, changes, match):
-    path = _edited(hf_dirs["mt"], tmp_path / "edited", **changes)
+    path = edited_hf_dir(hf_dirs["mt"], tmp_path / "edited", **changes)
     with pytest.raises(ValueError, match=match):
         keras_transformers.from_preset(path)
 
