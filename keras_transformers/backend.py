@@ -120,6 +120,48 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
     return out.transpose(1, 2)
 
 
+def has_grouped_matmul() -> bool:
+    """Whether `grouped_matmul` beats the `keras.ops` block layout here:
+    JAX on GPU/TPU (`jax.lax.ragged_dot`; on CPU XLA lowers it to a masked
+    dense product, ~10x slower than blocks) and PyTorch (per-expert loop;
+    eager only, it reads the group sizes on the host)."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() in ("gpu", "tpu")
+    if backend == "torch":
+        import torch
+
+        return not torch.compiler.is_compiling()
+    return False
+
+
+def group_sizes_for_matmul(group_sizes):
+    """Group sizes as `grouped_matmul` wants them (a host list on PyTorch)."""
+    if keras.config.backend() == "torch":
+        return [int(s) for s in group_sizes.tolist()]
+    return group_sizes
+
+
+def grouped_matmul(x, kernels, group_sizes):
+    """Rows of `x [M, D]`, sorted into consecutive groups of `group_sizes`
+    (summing to M), times their group's kernel from `kernels [G, D, F]`:
+    `[M, F]`. Same numbers as `moe_dispatch.BlockLayout.matmul`."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.lax.ragged_dot(x, kernels, group_sizes.astype("int32"))
+    if backend == "torch":
+        import torch
+
+        parts = torch.split(keras.ops.convert_to_tensor(x), group_sizes)
+        kernels = keras.ops.convert_to_tensor(kernels)
+        return torch.cat([p @ kernels[g] for g, p in enumerate(parts)], dim=0)
+    raise NotImplementedError(f"No grouped matmul on {backend}; use BlockLayout.")
+
+
 def update_cache(cache, update, index):
     """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
 

@@ -402,7 +402,10 @@ class TransformerConfig(_Group):
 
     def _moe_params(self, active: bool) -> int:
         moe = self.moe
-        expert = self._ffn_params(moe.expert_intermediate_dim)
+        f = moe.expert_intermediate_dim or self.intermediate_dim
+        expert = (
+            (3 if self.gated_feed_forward else 2) * self.hidden_dim * f
+        )  # no biases
         experts = moe.num_experts_per_token if active else moe.num_experts
         router = self.hidden_dim * moe.num_experts
         return router + (experts + moe.num_shared_experts) * expert

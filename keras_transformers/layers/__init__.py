@@ -6,6 +6,7 @@ from keras_transformers.layers.embeddings import TokenEmbedding
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.masks import attention_mask
+from keras_transformers.layers.moe import SparseMoE
 from keras_transformers.layers.positions import (
     PositionEmbedding,
     RotaryEmbedding,
@@ -19,6 +20,7 @@ __all__ = [
     "PositionEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
+    "SparseMoE",
     "TokenEmbedding",
     "TransformerBlock",
     "attention_mask",

@@ -8,6 +8,7 @@ from keras_transformers.models.bert import (
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
+from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
 
 # family -> (backbone class, default class for `keras_transformers.from_preset`)
@@ -15,6 +16,7 @@ FAMILY_CLASSES = {
     "gpt": (GPTBackbone, GPTCausalLM),
     "bert": (BertBackbone, BertMaskedLM),
     "transformer": (Seq2SeqBackbone, Seq2SeqLM),
+    "mixtral": (MixtralBackbone, MixtralCausalLM),
 }
 CLASSES = {
     cls.__name__: cls
@@ -27,6 +29,8 @@ CLASSES = {
         BertTokenClassifier,
         Seq2SeqBackbone,
         Seq2SeqLM,
+        MixtralBackbone,
+        MixtralCausalLM,
     ]
 }
 
@@ -38,6 +42,8 @@ __all__ = [
     "CausalLM",
     "GPTBackbone",
     "GPTCausalLM",
+    "MixtralBackbone",
+    "MixtralCausalLM",
     "Seq2SeqBackbone",
     "Seq2SeqLM",
 ]

@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_transformers.backend import call_layer, concrete_numpy
 from keras_transformers.config import TransformerConfig
-from keras_transformers.layers import TransformerBlock
+from keras_transformers.layers import SparseMoE, TransformerBlock
 
 
 def resolve_config(config, fields: dict) -> TransformerConfig:
@@ -156,12 +156,40 @@ def check_padding_mask(padding_mask, token_ids, name="padding_mask"):
     return ops.cast(padding_mask, "bool")
 
 
+def moe_feed_forward(config: TransformerConfig, index: int, dtype):
+    """The `SparseMoE` of decoder block `index`, or None for a dense block."""
+    if not config.moe_layer(index):
+        return None
+    moe = config.moe
+    return SparseMoE(
+        num_experts=moe.num_experts,
+        num_experts_per_token=moe.num_experts_per_token,
+        intermediate_dim=moe.expert_intermediate_dim or config.intermediate_dim,
+        activation=config.activation,
+        gated=config.gated_feed_forward,
+        normalize_router_weights=moe.normalize_router_weights,
+        router_aux_loss_coef=moe.router_aux_loss_coef,
+        router_z_loss_coef=moe.router_z_loss_coef,
+        router_jitter=moe.router_jitter,
+        capacity_factor=moe.capacity_factor,
+        dispatch=moe.dispatch,
+        num_shared_experts=moe.num_shared_experts,
+        kernel_initializer=initializer(config),
+        dtype=dtype,
+        name="moe",
+    )
+
+
 def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwargs):
     """`num` identical, built `TransformerBlock`s for `config`."""
     blocks = []
     for i in range(num):
+        ff = moe_feed_forward(config, i, dtype) if kwargs.get("causal") else None
         block = TransformerBlock(
-            **block_kwargs(config, **kwargs), dtype=dtype, name=f"{prefix}_{i}"
+            **block_kwargs(config, **kwargs),
+            feed_forward=ff,
+            dtype=dtype,
+            name=f"{prefix}_{i}",
         )
         block.build((None, None, config.hidden_dim), (None, None, config.hidden_dim))
         blocks.append(block)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from keras_transformers.models.base import TaskModel
+from keras_transformers.training.router import RouterMetrics, moe_layers
 
 
 class CausalLM(TaskModel):
@@ -22,6 +23,21 @@ class CausalLM(TaskModel):
         Logits `[B, T, vocabulary_size]` (float32 under mixed precision is
         left to the loss, which computes in float32).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        layers = moe_layers(self.backbone)
+        # Mean trackers of the MoE router statistics (see training/router.py).
+        self._router = RouterMetrics(layers) if layers else None
+        self.router_metrics = self._router.metrics if layers else []
+
+    def compute_loss(self, *args, **kwargs):
+        """The compiled loss plus `add_loss` terms; also feeds the router
+        statistics of MoE layers to their metrics."""
+        loss = super().compute_loss(*args, **kwargs)
+        if self._router is not None:
+            self._router.update()
+        return loss
 
     def call(self, inputs, training=None):
         return self.backbone.logits(self.backbone(inputs, training=training))

@@ -1,0 +1,284 @@
+"""Sparse mixture-of-experts feed-forward (Mixtral / Switch style)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_transformers.backend import call_layer
+from keras_transformers.layers.feed_forward import FeedForward, activation_fn
+from keras_transformers.layers.moe_dispatch import (
+    dense_experts,
+    expert_capacity,
+    sparse_experts,
+)
+from keras_transformers.layers.serializable import serializable
+
+DISPATCH = ("sparse", "dense")
+
+
+@serializable
+class SparseMoE(keras.layers.Layer):
+    """Top-k routed experts: router -> softmax -> top-k -> experts -> combine.
+
+    The router (a bias-free linear map, float32 softmax) picks
+    `num_experts_per_token` experts per token; their probabilities,
+    renormalised to sum to one when `normalize_router_weights`, weight the
+    experts' outputs. Experts are feed-forward networks (gated SiLU for
+    Mixtral) with stacked weights: `expert_gate_up [E, D, 2F]` (gate then up
+    halves; `[E, D, F]` when not gated) and `expert_down [E, F, D]`.
+
+    Training adds, through `add_loss` and only when `training` is true:
+    `router_aux_loss_coef * aux` with the Switch / Mixtral load-balancing
+    loss `aux = E * sum_e f_e * P_e` (f_e: fraction of the tokens' top-k
+    choices that go to expert e, summed over the k choices; P_e: mean router
+    probability; both over non-padding tokens; minimum k for perfectly
+    balanced routing, 1 for top-1), and `router_z_loss_coef * z` with the
+    ST-MoE z-loss `z = mean(logsumexp(router_logits) ** 2)`. Router jitter
+    multiplies the router's input by `U(1 - eps, 1 + eps)` in training.
+
+    Each call with `training` given (fit / evaluate) also writes the router
+    statistics to non-trainable variables: `aux_loss`, `z_loss`,
+    `expert_load [E]` (fraction of routed assignments per expert; sums to
+    one) and `dropped_fraction` (share of real tokens' assignments dropped
+    by the capacity). Task models report them in `fit()` logs.
+
+    Args:
+        num_experts: E.
+        num_experts_per_token: k (top-k).
+        intermediate_dim: F, hidden size of each expert.
+        activation: expert activation name ("silu" for Mixtral).
+        gated: gated (GLU) experts. Defaults to True.
+        normalize_router_weights: renormalise the top-k weights.
+        router_aux_loss_coef: load-balancing loss coefficient.
+        router_z_loss_coef: z-loss coefficient.
+        router_jitter: jitter noise eps (0 = off).
+        capacity_factor: C = ceil(capacity_factor * N * k / E) assignments
+            per expert; the overflow is dropped. None = dropless.
+        dispatch: "sparse" (grouped matmul; cost scales with k) or "dense"
+            (every expert on every token; the reference).
+        num_shared_experts: always-on experts (one gated feed-forward of
+            width `num_shared_experts * F`) added to the routed output.
+        kernel_initializer: initializer of all kernels.
+        seed: seed of the jitter noise.
+
+    Call arguments:
+        x: `[B, T, D]`.
+        padding_mask: `[B, T]`, 1 for real tokens (losses and statistics
+            ignore padding; under a capacity, padding is dropped first).
+        training: enables jitter and the auxiliary losses.
+
+    Returns:
+        `[B, T, D]`.
+
+    Example:
+    >>> moe = SparseMoE(num_experts=4, num_experts_per_token=2, intermediate_dim=32)
+    >>> tuple(moe(keras.ops.ones((2, 5, 16))).shape)
+    (2, 5, 16)
+    """
+
+    accepts_padding_mask = True
+
+    def __init__(
+        self,
+        num_experts,
+        num_experts_per_token,
+        intermediate_dim,
+        activation="silu",
+        gated=True,
+        normalize_router_weights=True,
+        router_aux_loss_coef=0.0,
+        router_z_loss_coef=0.0,
+        router_jitter=0.0,
+        capacity_factor=None,
+        dispatch="sparse",
+        num_shared_experts=0,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not 1 <= num_experts_per_token <= num_experts:
+            raise ValueError(
+                f"`num_experts_per_token` must be in [1, num_experts={num_experts}]. "
+                f"Received: num_experts_per_token={num_experts_per_token}. Route each "
+                "token to at most as many experts as there are."
+            )
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(
+                f"`capacity_factor` must be > 0 (or None for dropless routing). "
+                f"Received: capacity_factor={capacity_factor}"
+            )
+        if dispatch not in DISPATCH:
+            raise ValueError(
+                f"`dispatch` must be one of {DISPATCH}. Received: dispatch={dispatch!r}"
+            )
+        self.num_experts = num_experts
+        self.num_experts_per_token = num_experts_per_token
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.activation_fn = activation_fn(activation)
+        self.gated = gated
+        self.normalize_router_weights = normalize_router_weights
+        self.router_aux_loss_coef = router_aux_loss_coef
+        self.router_z_loss_coef = router_z_loss_coef
+        self.router_jitter = router_jitter
+        self.capacity_factor = capacity_factor
+        self.dispatch = dispatch
+        self.num_shared_experts = num_shared_experts
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def build(self, input_shape):
+        d, e, f = input_shape[-1], self.num_experts, self.intermediate_dim
+        init = self.kernel_initializer
+        self.router_kernel = self.add_weight(
+            name="router", shape=(d, e), initializer=init
+        )
+        width = 2 * f if self.gated else f
+        self.expert_gate_up = self.add_weight(
+            name="expert_gate_up", shape=(e, d, width), initializer=init
+        )
+        self.expert_down = self.add_weight(
+            name="expert_down", shape=(e, f, d), initializer=init
+        )
+        self.shared_experts = None
+        if self.num_shared_experts:
+            self.shared_experts = FeedForward(
+                self.num_shared_experts * f,
+                activation=self.activation,
+                gated=self.gated,
+                use_bias=False,
+                kernel_initializer=init,
+                dtype=self.dtype_policy,
+                name="shared_experts",
+            )
+            self.shared_experts.build(input_shape)
+        stat = lambda name, shape=(): self.add_weight(  # noqa: E731
+            name=name,
+            shape=shape,
+            initializer="zeros",
+            trainable=False,
+            dtype="float32",
+        )
+        self.aux_loss = stat("aux_loss")
+        self.z_loss = stat("z_loss")
+        self.expert_load = stat("expert_load", (e,))
+        self.dropped_fraction = stat("dropped_fraction")
+        self.built = True
+
+    # ------------------------------------------------------------- routing
+    def route(self, tokens, training=None):
+        """`tokens [N, D]` -> `(logits [N, E] float32, probs [N, E] float32,
+        expert_ids [N, k], weights [N, k] float32)`."""
+        router_in = ops.cast(tokens, "float32")
+        if training and self.router_jitter > 0:
+            eps = self.router_jitter
+            router_in = router_in * keras.random.uniform(
+                ops.shape(router_in), 1.0 - eps, 1.0 + eps, seed=self.seed_generator
+            )
+        logits = ops.matmul(router_in, ops.cast(self.router_kernel, "float32"))
+        probs = ops.softmax(logits, axis=-1)
+        weights, expert_ids = ops.top_k(probs, self.num_experts_per_token)
+        if self.normalize_router_weights:
+            weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+        return logits, probs, expert_ids, weights
+
+    def apply_experts(self, x, matmul):
+        """The expert network on rows `x [M, D]` with `matmul(x, kernels)`
+        multiplying each row by its expert's kernel -> `[M, D]`."""
+        gate_up = ops.cast(self.expert_gate_up, self.compute_dtype)
+        hidden = matmul(x, gate_up)  # [M, 2F] or [M, F]
+        if self.gated:
+            f = self.intermediate_dim
+            hidden = self.activation_fn(hidden[:, :f]) * hidden[:, f:]
+        else:
+            hidden = self.activation_fn(hidden)
+        return matmul(hidden, ops.cast(self.expert_down, self.compute_dtype))
+
+    # ----------------------------------------------------------------- call
+    def call(self, x, padding_mask=None, training=None):
+        shape = ops.shape(x)
+        tokens = ops.reshape(x, (-1, shape[-1]))  # [N, D]
+        n = tokens.shape[0] if tokens.shape[0] is not None else ops.shape(tokens)[0]
+        if padding_mask is None:
+            real = ops.ones((n,), "bool")
+        else:
+            real = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
+        logits, probs, expert_ids, weights = self.route(tokens, training)
+        e, k = self.num_experts, self.num_experts_per_token
+        if self.dispatch == "dense":
+            out = dense_experts(tokens, expert_ids, weights, self.apply_experts, e)
+            kept = None
+        else:
+            capacity = None
+            if self.capacity_factor is not None:
+                capacity = expert_capacity(self.capacity_factor, n * k, e)
+            out, kept, sorted_real = sparse_experts(
+                tokens, expert_ids, weights, real, self.apply_experts, e, capacity
+            )
+        if self.shared_experts is not None:
+            out = out + call_layer(self.shared_experts, tokens)
+        if training is not None:
+            aux, z = self._router_losses(logits, probs, expert_ids, real)
+            if training:
+                if self.router_aux_loss_coef:
+                    self.add_loss(self.router_aux_loss_coef * aux)
+                if self.router_z_loss_coef:
+                    self.add_loss(self.router_z_loss_coef * z)
+            dropped = 0.0
+            if kept is not None and self.capacity_factor is not None:
+                lost = ops.logical_and(sorted_real, ops.logical_not(kept))
+                dropped = ops.sum(ops.cast(lost, "float32")) / ops.maximum(
+                    ops.sum(ops.cast(sorted_real, "float32")), 1.0
+                )
+            self._record_statistics(aux, z, expert_ids, real, dropped)
+        return ops.reshape(out, shape)
+
+    def _router_losses(self, logits, probs, expert_ids, real):
+        """(load-balancing loss, z-loss), averaged over real tokens."""
+        mask = ops.cast(real, "float32")[:, None]  # [N, 1]
+        count = ops.maximum(ops.sum(mask), 1.0)
+        chosen = ops.sum(ops.one_hot(expert_ids, self.num_experts), axis=1)  # [N, E]
+        f = ops.sum(chosen * mask, axis=0) / count  # [E], sums to k
+        p = ops.sum(probs * mask, axis=0) / count  # [E]
+        aux = self.num_experts * ops.sum(f * p)
+        z = ops.sum(ops.square(ops.logsumexp(logits, axis=-1)) * mask[:, 0]) / count
+        return aux, z
+
+    def _record_statistics(self, aux, z, expert_ids, real, dropped):
+        mask = ops.cast(real, "float32")[:, None, None]
+        chosen = ops.one_hot(expert_ids, self.num_experts) * mask  # [N, k, E]
+        load = ops.sum(chosen, axis=(0, 1))
+        load = load / ops.maximum(ops.sum(load), 1.0)
+        for variable, value in (
+            (self.aux_loss, aux),
+            (self.z_loss, z),
+            (self.expert_load, load),
+            (self.dropped_fraction, dropped),
+        ):
+            variable.assign(ops.stop_gradient(ops.cast(value, "float32")))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_experts=self.num_experts,
+            num_experts_per_token=self.num_experts_per_token,
+            intermediate_dim=self.intermediate_dim,
+            activation=self.activation,
+            gated=self.gated,
+            normalize_router_weights=self.normalize_router_weights,
+            router_aux_loss_coef=self.router_aux_loss_coef,
+            router_z_loss_coef=self.router_z_loss_coef,
+            router_jitter=self.router_jitter,
+            capacity_factor=self.capacity_factor,
+            dispatch=self.dispatch,
+            num_shared_experts=self.num_shared_experts,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            seed=self.seed,
+        )
+        return config

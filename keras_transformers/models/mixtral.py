@@ -1,0 +1,62 @@
+"""Mixtral-like sparse mixture-of-experts decoders: the GPT family's decoder
+(GQA, RoPE, RMSNorm, optional sliding window) with `SparseMoE` feed-forward
+layers. Only config values differ; the blocks are the shared ones."""
+
+from __future__ import annotations
+
+from keras_transformers.layers.serializable import serializable
+from keras_transformers.models.causal_lm import CausalLM
+from keras_transformers.models.gpt import GPTBackbone
+
+
+@serializable
+class MixtralBackbone(GPTBackbone):
+    """Decoder-only transformer whose feed-forward layers are `SparseMoE`.
+
+    Args:
+        config: a `TransformerConfig` (or dict) with a `moe` group; keyword
+            fields override it.
+
+    Call arguments:
+        inputs: `{"token_ids": [B, T] int, "padding_mask": [B, T] bool}` or
+            the `[B, T]` ids alone.
+        cache: KV cache for decoding (see `init_cache`; with a sliding
+            window it holds at most `sliding_window` positions).
+        cache_index: position of the first token of `inputs` in the cache.
+
+    Returns:
+        Hidden states `[B, T, D]`, or `(hidden, cache)` when `cache` is given.
+
+    Example:
+    >>> model = MixtralBackbone.from_preset("mixtral_tiny")
+    >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
+    (1, 8, 64)
+    """
+
+    family = "mixtral"
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        if self.config.moe is None:
+            raise ValueError(
+                "MixtralBackbone needs a config with a `moe` group, e.g. "
+                "moe=MoEConfig(num_experts=8, num_experts_per_token=2). For a "
+                "dense decoder use GPTBackbone."
+            )
+
+
+@serializable
+class MixtralCausalLM(CausalLM):
+    """Mixtral-like causal LM: `MixtralBackbone` + LM head, with `generate()`.
+
+    Training adds the routers' load-balancing and z-losses (coefficients in
+    `config.moe`) and logs router statistics (`router_aux_loss`,
+    `router_z_loss`, `dropped_tokens`, `expert_load_<e>`).
+
+    Example:
+    >>> lm = MixtralCausalLM.from_preset("mixtral_tiny")
+    >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
+    (1, 7)
+    """
+
+    backbone_cls = MixtralBackbone
