@@ -70,11 +70,18 @@ class _Group:
         return cls(**kwargs)
 
     def replace(self, **changes):
-        """Returns a copy with `changes` applied (validated again)."""
+        """Returns a copy with `changes` applied (validated again). A dict
+        for a group (e.g. `moe={"capacity_factor": 1.25}`) changes only the
+        keys it names; the group's other values are kept."""
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ValueError(
                 f"Unknown {type(self).__name__} key(s) {unknown}. Known keys: {sorted(known)}."
             )
+        for name, group in getattr(self, "_groups", lambda: {})().items():
+            if isinstance(changes.get(name), dict):
+                current = getattr(self, name)
+                base = current.to_dict() if current is not None else {}
+                changes[name] = group.from_dict({**base, **changes[name]})
         return dataclasses.replace(self, **changes)

@@ -16,6 +16,8 @@ def to_numpy(x):
         return {k: to_numpy(v) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
         return type(x)(to_numpy(v) for v in x)
+    if not isinstance(x, (np.ndarray, np.generic, float, int)):
+        x = keras.ops.stop_gradient(x)  # torch tensors that require grad
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
@@ -108,3 +110,27 @@ def edited_hf_dir(src, dst, **changes):
     config.update(changes)
     (dst / "config.json").write_text(json.dumps(config))
     return dst
+
+
+def gradients(loss_fn, variables):
+    """Gradients of the scalar `loss_fn()` with respect to the Keras
+    `variables`, as NumPy arrays, on the current backend."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        def pure(values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return loss_fn()
+
+        return to_numpy(jax.grad(pure)([v.value for v in variables]))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch([v.value for v in variables])
+            loss = loss_fn()
+        return to_numpy(tape.gradient(loss, [v.value for v in variables]))
+    import torch
+
+    return to_numpy(list(torch.autograd.grad(loss_fn(), [v.value for v in variables])))

@@ -13,13 +13,21 @@ from contracts import assert_close, run_fit_test, run_saving_test, to_numpy
 import keras_transformers as kt
 from keras_transformers.models import GPTBackbone, GPTCausalLM
 
-PRESETS = ["gpt2_tiny", "gpt_llama_tiny"]
+# The decoder contract, shared by the GPT-2 and Llama layouts and the
+# Mixtral family (the same decoder with sparse MoE feed-forward layers).
+PRESETS = ["gpt2_tiny", "gpt_llama_tiny", "mixtral_tiny"]
 
 
 @pytest.fixture(params=PRESETS, scope="module")
 def lm(request):
     keras.utils.set_random_seed(0)
-    return GPTCausalLM.from_preset(request.param)
+    return kt.from_preset(request.param)
+
+
+def trainable_count(model):
+    """Parameters as `num_params()` counts them (MoE layers also hold a few
+    non-trainable router statistics)."""
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
 
 
 @pytest.fixture
@@ -31,7 +39,7 @@ def test_backbone_shapes_and_param_count(lm, ids):
     hidden = lm.backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
     assert tuple(hidden.shape) == (2, 12, lm.config.hidden_dim)
     assert tuple(lm(ids).shape) == (2, 12, lm.config.vocabulary_size)
-    assert lm.count_params() == lm.config.num_params()
+    assert trainable_count(lm) == lm.config.num_params()
 
 
 def test_keyword_construction_equals_config():
@@ -138,9 +146,10 @@ def test_saving_round_trips(lm, ids, tmp_path):
     backbone_dir = str(tmp_path / "backbone")
     lm.backbone.save_to_preset(backbone_dir)
     # A backbone preset loads as a task model and vice versa.
-    assert_close(GPTCausalLM.from_preset(backbone_dir)(ids), lm(ids), atol=1e-6)
-    assert isinstance(GPTBackbone.from_preset(str(tmp_path / "preset")), GPTBackbone)
-    assert isinstance(kt.from_preset(str(tmp_path / "preset")), GPTCausalLM)
+    task_cls, backbone_cls = type(lm), type(lm.backbone)
+    assert_close(task_cls.from_preset(backbone_dir)(ids), lm(ids), atol=1e-6)
+    assert isinstance(backbone_cls.from_preset(str(tmp_path / "preset")), backbone_cls)
+    assert isinstance(kt.from_preset(str(tmp_path / "preset")), task_cls)
 
 
 def test_fit_reduces_loss(ids):
@@ -214,17 +223,18 @@ def test_preset_directory_errors(lm, tmp_path):
     path = tmp_path / "p"
     lm.save_to_preset(str(path))
     (path / "model.weights.h5").write_bytes(b"not an h5 file")
+    cls = type(lm)
     with pytest.raises(ValueError, match="corrupt"):
-        GPTCausalLM.from_preset(str(path))
+        cls.from_preset(str(path))
     (path / "model.weights.h5").unlink()
     with pytest.raises(FileNotFoundError, match="model.weights.h5"):
-        GPTCausalLM.from_preset(str(path))
+        cls.from_preset(str(path))
     (path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        GPTCausalLM.from_preset(str(path))
+        cls.from_preset(str(path))
     (path / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json"):
-        GPTCausalLM.from_preset(str(path))
+        cls.from_preset(str(path))
 
 
 def test_wrong_shape_weights_error(tmp_path):

@@ -18,7 +18,7 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_transformers.convert import bert, gpt2, llama, marian
+from keras_transformers.convert import bert, gpt2, llama, marian, mixtral
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 
 # model_type -> converter module.
@@ -27,6 +27,7 @@ CONVERTERS = {
     llama.MODEL_TYPE: llama,
     bert.MODEL_TYPE: bert,
     marian.MODEL_TYPE: marian,
+    mixtral.MODEL_TYPE: mixtral,
 }
 
 
@@ -81,7 +82,8 @@ def hf_preset_data(path) -> dict:
         is `GPTBackbone` for a base-model checkpoint (`architectures:
         ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
-        `MarianModel`, else `Seq2SeqLM`.
+        `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
+        `MixtralModel`, else `MixtralCausalLM`.
 
     Raises:
         ValueError: unknown `model_type`, or an option we cannot convert.
@@ -163,12 +165,14 @@ def export_hf(model, directory) -> None:
     (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
     for seq2seq). Rotary GPT models export as "llama", learned-position ones
-    as "gpt2"; BERT-family models as "bert"; seq2seq models as "marian".
+    as "gpt2"; BERT-family models as "bert"; seq2seq models as "marian";
+    Mixtral-family models as "mixtral".
 
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
-            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout).
+            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout); a
+            `MixtralCausalLM` or `MixtralBackbone`.
         directory: output directory (created if needed).
 
     Raises:
@@ -180,6 +184,8 @@ def export_hf(model, directory) -> None:
         hf, tensors = bert.export(model)
     elif family == "transformer":
         hf, tensors = marian.export(model)
+    elif family == "mixtral":
+        hf, tensors = mixtral.export(model)
     elif family == "gpt":
         config = backbone.config
         module = llama if config.position_embedding == "rotary" else gpt2
@@ -187,8 +193,8 @@ def export_hf(model, directory) -> None:
         tensors = module.export_weights(backbone)
     else:
         raise ValueError(
-            "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family and "
-            f"seq2seq (Marian) models. Received: {type(model).__name__}."
+            "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family, "
+            f"seq2seq (Marian) and Mixtral models. Received: {type(model).__name__}."
         )
     write_checkpoint(directory, {**hf, "torch_dtype": "float32"}, tensors)
     tokenizer = getattr(model, "tokenizer", None)

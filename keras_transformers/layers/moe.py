@@ -179,7 +179,10 @@ class SparseMoE(keras.layers.Layer):
                 ops.shape(router_in), 1.0 - eps, 1.0 + eps, seed=self.seed_generator
             )
         logits = ops.matmul(router_in, ops.cast(self.router_kernel, "float32"))
-        probs = ops.softmax(logits, axis=-1)
+        if self.num_experts == 1:
+            probs = ops.ones_like(logits)
+        else:
+            probs = ops.softmax(logits, axis=-1)
         weights, expert_ids = ops.top_k(probs, self.num_experts_per_token)
         if self.normalize_router_weights:
             weights = weights / ops.sum(weights, axis=-1, keepdims=True)

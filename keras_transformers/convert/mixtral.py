@@ -1,0 +1,237 @@
+"""Hugging Face Mixtral (`model_type: "mixtral"`) <-> the mixtral family.
+
+`MixtralForCausalLM` loads as `MixtralCausalLM`, `MixtralModel` as
+`MixtralBackbone`. Attention, norms, embeddings and rotary positions are
+Llama's (`keras_transformers.convert.llama`); every block's feed-forward is
+a `SparseMoE`. Under `model.layers.{i}.block_sparse_moe.`:
+
+- `gate.weight` `[E, D]` -> `router_kernel` `[D, E]`;
+- `experts.{e}.w1.weight` `[F, D]` (gate) -> `expert_gate_up[e, :, :F]`;
+- `experts.{e}.w3.weight` `[F, D]` (up) -> `expert_gate_up[e, :, F:]`;
+- `experts.{e}.w2.weight` `[D, F]` (down) -> `expert_down[e]` `[F, D]`.
+
+These per-expert names are what `save_pretrained` writes (and what every
+transformers version reads); export writes them. Loading also accepts
+transformers 5's fused in-memory layout: `mlp.gate.weight` `[E, D]`,
+`mlp.experts.gate_up_proj` `[E, 2F, D]` (gate rows first) and
+`mlp.experts.down_proj` `[E, D, F]`.
+
+Config: `num_local_experts` -> `moe.num_experts`, `num_experts_per_tok` ->
+`moe.num_experts_per_token` (top-k weights renormalised, as in Mixtral),
+`router_aux_loss_coef` -> `moe.router_aux_loss_coef`, `router_jitter_noise`
+-> `moe.router_jitter`, `sliding_window` -> `sliding_window`;
+`output_router_logits` is ignored. Training differences (inference and the
+weights are unaffected): HF adds the load-balancing loss only when
+`output_router_logits` is true and computes it once over all layers'
+routing, while ours adds one loss per MoE layer whenever the coefficient is
+non-zero; HF's jitter multiplies the experts' input as well as the
+router's, ours only the router's (Switch style). `moe.router_z_loss_coef`
+and `moe.dispatch` have no HF counterpart and are not exported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_transformers.convert import llama
+from keras_transformers.convert.common import (
+    DECODER,
+    assign,
+    attention_parts,
+    check_exportable,
+    check_shape,
+    export_head,
+    export_layer,
+    fetch,
+    load_head,
+    load_layer,
+)
+
+MODEL_TYPE = "mixtral"
+FAMILY = "mixtral"
+BASE_ARCHITECTURE = "MixtralModel"
+ARCHITECTURE = "MixtralForCausalLM"
+PREFIXES = llama.PREFIXES
+# MixtralConfig defaults where they differ from Llama's (for sparse configs).
+DEFAULTS = dict(
+    vocab_size=32000,
+    intermediate_size=14336,
+    num_key_value_heads=8,
+    max_position_embeddings=4096 * 32,
+    rms_norm_eps=1e-5,
+    rope_theta=1e6,
+)
+# MoE options HF Mixtral always has: field -> value.
+MOE_LAYOUT = dict(
+    normalize_router_weights=True,
+    capacity_factor=None,
+    every_k_layers=1,
+    num_shared_experts=0,
+)
+
+
+def config_from_hf(hf: dict) -> dict:
+    """TransformerConfig fields for an HF Mixtral `config.json` dict.
+
+    Raises:
+        ValueError: an option we cannot reproduce (activation other than
+            silu, rope scaling other than linear) or an invalid expert count.
+    """
+    # Mixtral has no attention / MLP biases (its config has no such keys).
+    hf_llama = {**DEFAULTS, **hf, "attention_bias": False, "mlp_bias": False}
+    try:
+        fields = llama.config_from_hf(hf_llama)
+    except ValueError as error:  # Llama's checks, reworded for Mixtral
+        raise ValueError(str(error).replace("Llama", "Mixtral")) from None
+    experts, top_k = hf.get("num_local_experts", 8), hf.get("num_experts_per_tok", 2)
+    if not 1 <= top_k <= experts:
+        raise ValueError(
+            f"Mixtral config has num_experts_per_tok={top_k} and num_local_experts="
+            f"{experts}; num_experts_per_tok must be between 1 and num_local_experts."
+        )
+    fields["moe"] = dict(
+        num_experts=experts,
+        num_experts_per_token=top_k,
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
+        router_z_loss_coef=0.0,
+        router_jitter=float(hf.get("router_jitter_noise") or 0.0),
+        **MOE_LAYOUT,
+    )
+    fields["sliding_window"] = hf.get("sliding_window")
+    return fields
+
+
+def preset_data(hf: dict) -> dict:
+    base = set(hf.get("architectures") or ()) == {BASE_ARCHITECTURE}
+    name = "MixtralBackbone" if base else "MixtralCausalLM"
+    return {"family": FAMILY, "class_name": name, "config": config_from_hf(hf)}
+
+
+def _layers(block):
+    """(layer, HF name, kernel shape) of the attention and the norms."""
+    out = [
+        (layer, f"self_attn.{llama.ATTENTION[role]}", shape)
+        for role, (layer, shape) in attention_parts(block.self_attention).items()
+    ]
+    out.append((block.self_attention_norm, "input_layernorm", None))
+    out.append((block.feed_forward_norm, "post_attention_layernorm", None))
+    return out
+
+
+def _load_experts(moe, checkpoint, name: str) -> None:
+    """Router and experts of one block (`name`: `...layers.{i}.`)."""
+    get, (e, f, d) = checkpoint.get, tuple(moe.expert_down.shape)
+    legacy = name + "block_sparse_moe."
+    if (
+        legacy + "gate.weight" not in checkpoint
+        and name + "mlp.gate.weight" in checkpoint
+    ):
+        router = name + "mlp.gate.weight"
+        gate_up = get(name + "mlp.experts.gate_up_proj")
+        down = get(name + "mlp.experts.down_proj")
+        check_shape(gate_up, (e, 2 * f, d), name + "mlp.experts.gate_up_proj", moe.path)
+        check_shape(down, (e, d, f), name + "mlp.experts.down_proj", moe.path)
+    else:
+        router, parts = legacy + "gate.weight", {}
+        for w, shape in (("w1", (f, d)), ("w3", (f, d)), ("w2", (d, f))):
+            tensors = []
+            for x in range(e):
+                n = f"{legacy}experts.{x}.{w}.weight"
+                tensors.append(get(n))
+                check_shape(tensors[-1], shape, n, moe.path)
+            parts[w] = np.stack(tensors)
+        gate_up = np.concatenate([parts["w1"], parts["w3"]], axis=1)  # [E, 2F, D]
+        down = parts["w2"]
+    assign(moe.router_kernel, get(router), router, transpose=True)
+    assign(moe.expert_gate_up, gate_up.transpose(0, 2, 1), name + "experts (gate, up)")
+    assign(moe.expert_down, down.transpose(0, 2, 1), name + "experts (down)")
+
+
+def load_weights(backbone, checkpoint, require_head: bool) -> None:
+    """Copies a Mixtral checkpoint into `backbone` (a `MixtralBackbone`)."""
+    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", MODEL_TYPE)
+    get = checkpoint.get
+    name = p + "embed_tokens.weight"
+    assign(backbone.token_embedding.embeddings, get(name), name)
+    for i, block in enumerate(backbone.blocks):
+        for layer, hf_name, shape in _layers(block):
+            linear = "norm" not in hf_name
+            load_layer(
+                layer, get, f"{p}layers.{i}.{hf_name}", shape=shape, transpose=linear
+            )
+        _load_experts(block.feed_forward, checkpoint, f"{p}layers.{i}.")
+    load_layer(backbone.final_norm, get, p + "norm")
+    load_head(backbone.token_embedding, checkpoint, require_head)
+
+
+def hf_config(config) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`."""
+    if config.moe is None:
+        raise ValueError(
+            "A config without a `moe` group cannot be exported as Hugging Face "
+            "'mixtral'; export a dense decoder as 'llama' (GPTCausalLM)."
+        )
+    layout = dict(norm_type="rms", position_embedding="rotary", activation="silu")
+    required = {k: v for k, v in DECODER.items() if k not in ("moe", "sliding_window")}
+    required.update(layout, gated_feed_forward=True, use_bias=False)
+    check_exportable(config, required, MODEL_TYPE)
+    moe = config.moe
+    bad = {
+        f"moe.{k}": getattr(moe, k)
+        for k, v in MOE_LAYOUT.items()
+        if getattr(moe, k) != v
+    }
+    if bad:
+        needed = {f"moe.{k}": v for k, v in MOE_LAYOUT.items() if f"moe.{k}" in bad}
+        raise ValueError(
+            f"This model cannot be exported as Hugging Face {MODEL_TYPE!r}: it has "
+            f"{bad}, but {MODEL_TYPE} needs {needed}."
+        )
+    expert_dim = moe.expert_intermediate_dim or config.intermediate_dim
+    dense = config.replace(moe=None, sliding_window=None, intermediate_dim=expert_dim)
+    hf = llama.hf_config(dense)
+    del hf["attention_bias"], hf["mlp_bias"]
+    hf.update(
+        model_type=MODEL_TYPE,
+        num_local_experts=moe.num_experts,
+        num_experts_per_tok=moe.num_experts_per_token,
+        router_aux_loss_coef=moe.router_aux_loss_coef,
+        router_jitter_noise=moe.router_jitter,
+        output_router_logits=False,
+        sliding_window=config.sliding_window,
+    )
+    return hf
+
+
+def export_weights(backbone) -> dict[str, np.ndarray]:
+    """The backbone's weights under MixtralForCausalLM (per-expert) names."""
+    p, out = "model.", {}
+    out[p + "embed_tokens.weight"] = fetch(backbone.token_embedding.embeddings)
+    for i, block in enumerate(backbone.blocks):
+        for layer, hf_name, shape in _layers(block):
+            linear = "norm" not in hf_name
+            name = f"{p}layers.{i}.{hf_name}"
+            export_layer(out, layer, name, shape=shape, transpose=linear)
+        moe, name = block.feed_forward, f"{p}layers.{i}.block_sparse_moe."
+        f = moe.intermediate_dim
+        out[name + "gate.weight"] = fetch(moe.router_kernel, transpose=True)
+        gate_up, down = fetch(moe.expert_gate_up), fetch(moe.expert_down)
+        for e in range(moe.num_experts):
+            expert = f"{name}experts.{e}."
+            out[expert + "w1.weight"] = np.ascontiguousarray(gate_up[e, :, :f].T)
+            out[expert + "w3.weight"] = np.ascontiguousarray(gate_up[e, :, f:].T)
+            out[expert + "w2.weight"] = np.ascontiguousarray(down[e].T)
+    export_layer(out, backbone.final_norm, p + "norm")
+    export_head(out, backbone.token_embedding)
+    return out
+
+
+def export(model) -> tuple[dict, dict[str, np.ndarray]]:
+    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
+    or `MixtralBackbone` (both export as `MixtralForCausalLM`)."""
+    backbone = getattr(model, "backbone", model)
+    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
+    return hf, export_weights(backbone)
+
+
+__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
