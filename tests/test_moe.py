@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from contracts import assert_close, gradients, run_layer_test, to_numpy
 
-from keras_transformers import MoEConfig, backend
+from keras_transformers import MoEConfig
 from keras_transformers.layers import FeedForward, SparseMoE
-from keras_transformers.layers.moe_dispatch import BlockLayout, sort_by_expert
+from keras_transformers.layers.moe_dispatch import DispatchPlan
 
 D, F = 16, 24
 
@@ -115,26 +115,23 @@ def test_sparse_equals_dense_forward_and_gradients(x, capacity_factor):
         assert_close(a, b)
 
 
-def test_backend_grouped_matmul_equals_block_layout(rng):
-    e, rows = 5, 37
-    experts = keras.ops.convert_to_tensor(rng.integers(0, e, rows).astype("int32"))
-    order, sizes, _ = sort_by_expert(experts, keras.ops.ones((rows,), "bool"), e)
-    assert to_numpy(sizes).sum() == rows
-    x = rng.standard_normal((rows, D)).astype("float32")
+@pytest.mark.parametrize("layout", ["blocks", "grouped"])
+def test_dispatch_layouts_multiply_each_row_by_its_expert(rng, layout):
+    if layout == "grouped" and keras.config.backend() == "tensorflow":
+        pytest.skip("no grouped matmul on TensorFlow: the block layout serves")
+    e, n, k = 5, 37, 2
+    ids = rng.integers(0, e, (n, k)).astype("int32")
+    x = rng.standard_normal((n, D)).astype("float32")
     kernels = rng.standard_normal((e, D, F)).astype("float32")
-    sorted_experts = to_numpy(keras.ops.take(experts, order))
-    expected = np.einsum("md,mdf->mf", x, kernels[sorted_experts])
-    for block in (16, 4):
-        assert_close(
-            BlockLayout(sizes, rows, block).matmul(x, kernels), expected, atol=1e-4
-        )
-    if keras.config.backend() in ("jax", "torch"):  # the fast path (ragged_dot / loop)
-        out = backend.grouped_matmul(
-            keras.ops.convert_to_tensor(x),
-            keras.ops.convert_to_tensor(kernels),
-            backend.group_sizes_for_matmul(sizes),
-        )
-        assert_close(out, expected, atol=1e-4)
+    mask = keras.ops.ones((n,), "bool")
+    plan = DispatchPlan(keras.ops.convert_to_tensor(ids), mask, e, layout)
+    rows = plan.matmul(plan.gather(keras.ops.convert_to_tensor(x)), kernels)
+    weights = rng.random((n, k)).astype("float32")
+    expected = sum(
+        weights[:, j, None] * np.einsum("nd,ndf->nf", x, kernels[ids[:, j]])
+        for j in range(k)
+    )
+    assert_close(plan.combine(rows, weights), expected, atol=1e-4)
 
 
 def test_auxiliary_losses_only_in_training(x):

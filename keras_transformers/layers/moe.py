@@ -211,14 +211,14 @@ class SparseMoE(keras.layers.Layer):
             real = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
         logits, probs, expert_ids, weights = self.route(tokens, training)
         e, k = self.num_experts, self.num_experts_per_token
+        plan = None
         if self.dispatch == "dense":
             out = dense_experts(tokens, expert_ids, weights, self.apply_experts, e)
-            kept = None
         else:
             capacity = None
             if self.capacity_factor is not None:
                 capacity = expert_capacity(self.capacity_factor, n * k, e)
-            out, kept, sorted_real = sparse_experts(
+            out, plan = sparse_experts(
                 tokens, expert_ids, weights, real, self.apply_experts, e, capacity
             )
         if self.shared_experts is not None:
@@ -230,12 +230,7 @@ class SparseMoE(keras.layers.Layer):
                     self.add_loss(self.router_aux_loss_coef * aux)
                 if self.router_z_loss_coef:
                     self.add_loss(self.router_z_loss_coef * z)
-            dropped = 0.0
-            if kept is not None and self.capacity_factor is not None:
-                lost = ops.logical_and(sorted_real, ops.logical_not(kept))
-                dropped = ops.sum(ops.cast(lost, "float32")) / ops.maximum(
-                    ops.sum(ops.cast(sorted_real, "float32")), 1.0
-                )
+            dropped = 0.0 if plan is None else plan.dropped_fraction()
             self._record_statistics(aux, z, expert_ids, real, dropped)
         return ops.reshape(out, shape)
 

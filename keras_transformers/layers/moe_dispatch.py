@@ -31,42 +31,36 @@ from keras import ops
 from keras_transformers import backend
 
 
-def flatten_assignments(expert_ids, weights, token_mask):
+def flatten_assignments(expert_ids, token_mask):
     """Flattens top-k routing choice-major (all first choices first).
 
     Args:
         expert_ids: `[N, k]` int expert of each choice.
-        weights: `[N, k]` combine weights.
         token_mask: `[N]` bool, True for real (non-padding) tokens.
 
     Returns:
-        `(experts [A], tokens [A], weights [A], real [A])`.
+        `(experts [A] int32, tokens [A] int32, real [A] bool)`.
     """
     n, k = ops.shape(expert_ids)
-    experts = ops.reshape(ops.transpose(expert_ids), (-1,))  # [A]
-    tokens = ops.tile(ops.arange(n, dtype="int32"), (k,))  # [A]
-    flat_weights = ops.reshape(ops.transpose(weights), (-1,))
-    real = ops.tile(token_mask, (k,))
-    return ops.cast(experts, "int32"), tokens, flat_weights, real
+    experts = ops.reshape(ops.transpose(expert_ids), (-1,))
+    tokens = ops.tile(ops.arange(n, dtype="int32"), (k,))
+    return ops.cast(experts, "int32"), tokens, ops.tile(token_mask, (k,))
 
 
-def sort_by_expert(experts, real, num_experts):
-    """Orders assignments by expert; within an expert by priority.
+def expert_ranks(experts, real, num_experts):
+    """Each assignment's place in its expert's queue, without sorting.
 
-    Returns `(order [A], group_sizes [E], ranks [A])`: `order` sorts the
-    assignments, `ranks[i]` is the position of sorted assignment i inside its
-    expert's group (0 = highest priority)."""
-    a = ops.shape(experts)[0]
-    priority = ops.arange(a, dtype="int32") + a * ops.cast(
-        ops.logical_not(real), "int32"
-    )
-    order = ops.argsort(experts * (2 * a) + priority)  # keys are unique
+    Priority: real tokens before padding, then choice-major order (first
+    choices before second choices, earlier tokens first).
+
+    Returns `(ranks [A] int32, group_sizes [E] int32)`."""
     one_hot = ops.one_hot(experts, num_experts, dtype="int32")  # [A, E]
-    group_sizes = ops.sum(one_hot, axis=0)  # [E]
-    starts = ops.cumsum(group_sizes) - group_sizes
-    sorted_experts = ops.take(experts, order)
-    ranks = ops.arange(a, dtype="int32") - ops.take(starts, sorted_experts)
-    return order, group_sizes, ranks
+    real_hot = one_hot * ops.cast(real, "int32")[:, None]
+    pad_hot = one_hot - real_hot
+    real_rank = ops.cumsum(real_hot, axis=0) - 1
+    pad_rank = ops.sum(real_hot, axis=0)[None, :] + ops.cumsum(pad_hot, axis=0) - 1
+    ranks = ops.sum(real_rank * real_hot + pad_rank * pad_hot, axis=1)
+    return ranks, ops.sum(one_hot, axis=0)
 
 
 def block_size(num_assignments: int, num_experts: int) -> int:
@@ -76,52 +70,99 @@ def block_size(num_assignments: int, num_experts: int) -> int:
     return int(min(512, max(16, 2 ** round(math.log2(target)))))
 
 
-class BlockLayout:
-    """Sorted rows padded per expert to whole blocks (pure `keras.ops`).
+class DispatchPlan:
+    """Where each routed assignment lives in an expert-grouped row space.
+
+    Rows are grouped by expert and the expert network runs on them with a
+    `matmul(rows, kernels)` that multiplies each row by its expert's kernel:
+
+    * "grouped": rows packed by expert (A rows); `backend.grouped_matmul`;
+    * "blocks": each expert's rows padded to whole blocks; one batched
+      matmul over blocks with each block's expert kernel (pure `keras.ops`);
+    * "capacity": `[E, C]` buckets; assignments past an expert's capacity
+      are dropped.
 
     Args:
-        group_sizes: `[E]` rows per expert, in sorted order.
-        num_rows: A, the number of sorted rows (static).
-        block: rows per block.
+        expert_ids: `[N, k]` chosen experts.
+        token_mask: `[N]` bool, True for real tokens.
+        num_experts: E.
+        layout: "grouped", "blocks" or "capacity".
+        capacity: C (layout "capacity").
     """
 
-    def __init__(self, group_sizes, num_rows, block):
-        num_experts = ops.shape(group_sizes)[0]
-        self.block = block
-        self.padded_rows = -(-(num_rows + num_experts * (block - 1)) // block) * block
-        padded = (group_sizes + block - 1) // block * block
-        padded_ends = ops.cumsum(padded)
-        ends = ops.cumsum(group_sizes)
-        rows = ops.arange(num_rows, dtype="int32")
-        row_expert = ops.sum(ops.cast(rows[:, None] >= ends[None, :], "int32"), 1)
-        shift = (padded_ends - padded) - (ends - group_sizes)  # per expert
-        self.dest = rows + ops.take(shift, row_expert)  # [A] padded row
-        num_blocks = self.padded_rows // block
-        block_start = ops.arange(num_blocks, dtype="int32")[:, None] * block
-        block_expert = ops.sum(
-            ops.cast(block_start >= padded_ends[None, :], "int32"), 1
-        )
-        self.block_expert = ops.minimum(block_expert, num_experts - 1)  # [blocks]
+    def __init__(self, expert_ids, token_mask, num_experts, layout, capacity=None):
+        experts, tokens, real = flatten_assignments(expert_ids, token_mask)
+        ranks, group_sizes = expert_ranks(experts, real, num_experts)
+        a = ops.shape(experts)[0]
+        self.num_tokens = ops.shape(expert_ids)[0]
+        self.real = real
+        self.kept = ops.ones((a,), "bool")
+        if layout == "capacity":
+            self.kept = ranks < capacity
+            self.num_rows = num_experts * capacity
+            self.matmul = self._bucket_matmul(num_experts, capacity)
+            dest = experts * capacity + ranks
+        else:
+            if layout == "grouped":
+                sizes, self.num_rows = group_sizes, a
+                host_sizes = backend.group_sizes_for_matmul(group_sizes)
+                self.matmul = lambda x, w: backend.grouped_matmul(x, w, host_sizes)
+            else:
+                block = block_size(a, num_experts)
+                sizes = (group_sizes + block - 1) // block * block
+                self.num_rows = -(-(a + num_experts * (block - 1)) // block) * block
+                self.matmul = self._block_matmul(sizes, block, num_experts)
+            dest = ops.take(ops.cumsum(sizes) - sizes, experts) + ranks
+        # Dropped assignments point at a spare row past the end.
+        self.dest = ops.where(self.kept, dest, self.num_rows)  # [A]
+        # segment_sum, not ops.scatter (a Python loop on PyTorch); rows are
+        # unique except the spare one, which is cut off.
+        source = ops.segment_sum(tokens + 1, self.dest, num_segments=self.num_rows + 1)
+        source = source[: self.num_rows] - 1  # token of each row, -1 = empty
+        # Empty rows (block padding, unused capacity) compute on token 0;
+        # nothing reads their output.
+        self.source = ops.maximum(source, 0)  # [R]
 
-    def matmul(self, x, kernels):
-        """`x [A, D]` (sorted) times its experts' `kernels [E, D, F]` -> `[A, F]`."""
-        d = ops.shape(x)[-1]
-        padded = ops.scatter(self.dest[:, None], x, (self.padded_rows, d))
-        padded = ops.reshape(padded, (-1, self.block, d))  # [blocks, block, D]
-        w = ops.take(kernels, self.block_expert, axis=0)  # [blocks, D, F]
-        out = ops.einsum("bmd,bdf->bmf", padded, w)
-        out = ops.reshape(out, (self.padded_rows, ops.shape(kernels)[-1]))
-        return ops.take(out, self.dest, axis=0)
+    def _block_matmul(self, padded_sizes, block, num_experts):
+        starts = ops.arange(self.num_rows // block, dtype="int32")[:, None] * block
+        ends = ops.cumsum(padded_sizes)[None, :]
+        block_expert = ops.sum(ops.cast(starts >= ends, "int32"), axis=1)
+        block_expert = ops.minimum(block_expert, num_experts - 1)  # [blocks]
 
+        def matmul(x, kernels):  # x [R, D_in] -> [R, D_out]
+            x = ops.reshape(x, (-1, block, ops.shape(x)[-1]))
+            w = ops.take(kernels, block_expert, axis=0)  # [blocks, D_in, D_out]
+            out = ops.einsum("bmd,bdf->bmf", x, w)
+            return ops.reshape(out, (self.num_rows, ops.shape(kernels)[-1]))
 
-def grouped_matmul_fn(group_sizes, num_rows, num_experts):
-    """`matmul(x [A, D], kernels [E, D, F]) -> [A, F]` for rows sorted into
-    groups of `group_sizes`: the backend's grouped matmul or `BlockLayout`."""
-    if backend.has_grouped_matmul():
-        sizes = backend.group_sizes_for_matmul(group_sizes)
-        return lambda x, kernels: backend.grouped_matmul(x, kernels, sizes)
-    layout = BlockLayout(group_sizes, num_rows, block_size(num_rows, num_experts))
-    return layout.matmul
+        return matmul
+
+    def _bucket_matmul(self, num_experts, capacity):
+        def matmul(x, kernels):  # x [E * C, D_in] -> [E * C, D_out]
+            x = ops.reshape(x, (num_experts, capacity, ops.shape(x)[-1]))
+            out = ops.einsum("ecd,edf->ecf", x, kernels)
+            return ops.reshape(out, (self.num_rows, ops.shape(kernels)[-1]))
+
+        return matmul
+
+    def gather(self, tokens):
+        """`tokens [N, D]` -> expert rows `[R, D]`."""
+        return ops.take(tokens, self.source, axis=0)
+
+    def combine(self, rows, weights):
+        """Expert rows `[R, D]` -> `[N, D]`: each token's kept assignments
+        weighted by `weights [N, k]` and summed (dropped ones weigh 0)."""
+        out = ops.take(rows, ops.minimum(self.dest, self.num_rows - 1), axis=0)
+        w = ops.reshape(ops.transpose(weights), (-1,))
+        w = ops.where(self.kept, w, ops.zeros_like(w))[:, None]  # [A, 1]
+        out = out * ops.cast(w, out.dtype)  # [A, D]
+        return ops.sum(ops.reshape(out, (-1, self.num_tokens, ops.shape(out)[-1])), 0)
+
+    def dropped_fraction(self):
+        """Share of real tokens' assignments dropped by the capacity."""
+        lost = ops.logical_and(self.real, ops.logical_not(self.kept))
+        total = ops.maximum(ops.sum(ops.cast(self.real, "float32")), 1.0)
+        return ops.sum(ops.cast(lost, "float32")) / total
 
 
 def expert_capacity(capacity_factor, num_assignments, num_experts) -> int:
@@ -138,60 +179,23 @@ def sparse_experts(
         tokens: `[N, D]`.
         expert_ids: `[N, k]` int, chosen experts.
         weights: `[N, k]` combine weights.
-        token_mask: `[N]` bool, True for real tokens (padding is dispatched
-            last, so it is dropped first under a capacity).
-        apply_experts: `apply_experts(x, matmul) -> y` runs the expert
-            network on sorted rows with `matmul(x, kernels)`.
+        token_mask: `[N]` bool, True for real tokens (padding queues last,
+            so a capacity drops it first).
+        apply_experts: `apply_experts(rows, matmul) -> rows` runs the expert
+            network on grouped rows with `matmul(rows, kernels)`.
         num_experts: E.
         capacity: C, or None for dropless.
 
     Returns:
-        `(output [N, D], kept [A] bool in sorted order, real [A] bool sorted)`.
+        `(output [N, D], plan)`; `plan.dropped_fraction()` reports drops.
     """
-    n = ops.shape(tokens)[0]
-    experts, token_of, flat_weights, real = flatten_assignments(
-        expert_ids, weights, token_mask
-    )
-    a = ops.shape(experts)[0]
-    order, group_sizes, ranks = sort_by_expert(experts, real, num_experts)
-    sorted_tokens = ops.take(token_of, order)
-    sorted_experts = ops.take(experts, order)
-    x = ops.take(tokens, sorted_tokens, axis=0)  # [A, D]
-    if capacity is None:
-        kept = ops.ones((a,), "bool")
-        y = apply_experts(x, grouped_matmul_fn(group_sizes, a, num_experts))
+    if capacity is not None:
+        layout = "capacity"
     else:
-        kept = ranks < capacity
-        y = _capacity_experts(
-            x, sorted_experts, ranks, kept, apply_experts, num_experts, capacity
-        )
-    w = ops.take(flat_weights, order) * ops.cast(kept, flat_weights.dtype)
-    y = y * ops.cast(w, y.dtype)[:, None]
-    out = ops.take(y, ops.argsort(order), axis=0)  # [A, D], choice-major again
-    out = ops.sum(ops.reshape(out, (-1, n, ops.shape(y)[-1])), axis=0)
-    return out, kept, ops.take(real, order)
-
-
-def _capacity_experts(
-    x, sorted_experts, ranks, kept, apply_experts, num_experts, capacity
-):
-    """Experts on `[E, C, D]` buckets; dropped rows come back as zeros."""
-    d = ops.shape(x)[-1]
-    slots = num_experts * capacity
-    slot = ops.where(
-        kept, sorted_experts * capacity + ranks, slots
-    )  # overflow -> spare
-    buckets = ops.scatter(slot[:, None], x, (slots + 1, d))[:slots]
-    buckets = ops.reshape(buckets, (num_experts, capacity, d))
-
-    def bucket_matmul(h, kernels):  # h [E * C, D_in]
-        h = ops.reshape(h, (num_experts, capacity, ops.shape(h)[-1]))
-        out = ops.einsum("ecd,edf->ecf", h, kernels)
-        return ops.reshape(out, (slots, ops.shape(kernels)[-1]))
-
-    y = apply_experts(ops.reshape(buckets, (slots, d)), bucket_matmul)  # [E*C, D]
-    y = ops.concatenate([y, ops.zeros((1, ops.shape(y)[-1]), y.dtype)], axis=0)
-    return ops.take(y, slot, axis=0)
+        layout = "grouped" if backend.has_grouped_matmul() else "blocks"
+    plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
+    rows = apply_experts(plan.gather(tokens), plan.matmul)
+    return plan.combine(rows, weights), plan
 
 
 def dense_experts(tokens, expert_ids, weights, apply_experts, num_experts):
