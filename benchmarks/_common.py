@@ -1,5 +1,5 @@
 """Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``,
-``bench_seq2seq.py``):
+``bench_seq2seq.py``, ``bench_mixtral.py``):
 the command line, environment facts, the Keras optimizer and loss, the
 contender interface and its Keras and Hugging Face bases, the
 alternating-rounds timing harness, and the results table and JSON file. Not a
@@ -239,17 +239,21 @@ class HFContender(Contender):
         )
 
 
-def build_contenders(args, ours, kerashub, hf):
-    """Builds `ours()`, then `kerashub()` and `hf()` unless skipped; prints
-    their parameter counts and notes; returns `(contenders, results)`."""
+def build_contenders(args, ours, kerashub, hf, extras=()):
+    """Builds `ours()`, then each of `extras` (factories of further
+    contenders, e.g. variants of ours; None entries are skipped), then
+    `kerashub()` and `hf()` unless skipped; prints their parameter counts and
+    notes; returns `(contenders, results)`."""
     contenders = [ours()]
+    contenders += [make() for make in extras if make is not None]
     if not args.skip_kerashub:
         contenders.append(kerashub())
     if not args.skip_hf:
         contenders.append(hf())
     results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
+    width = max(9, *(len(c.name) for c in contenders))
     for c in contenders:
-        print(f"{c.name:9s} params={results[c.name]['params']:,}  {c.notes()}")
+        print(f"{c.name:{width}s} params={results[c.name]['params']:,}  {c.notes()}")
     return contenders, results
 
 
@@ -295,11 +299,21 @@ def run_rounds(contenders, first_call, timed_call, repeats, label):
     return first, samples
 
 
-def bench_train(contenders, steps, repeats):
-    """Seconds per training step; a round is `steps` steps."""
+def step_loss(output):
+    """The loss of a `train_step()` result: a float (HF), or Keras'
+    `train_on_batch` scalar or `[loss, *metrics]` list."""
+    return float(np.ravel(output)[0])
+
+
+def bench_train(contenders, steps, repeats, first_losses=None):
+    """Seconds per training step; a round is `steps` steps. With a dict
+    `first_losses`, each contender's first-step loss is stored in it."""
 
     def one_step(c):
-        return timed(c.train_step)[0]
+        seconds, out = timed(c.train_step)
+        if first_losses is not None:
+            first_losses.setdefault(c.name, step_loss(out))
+        return seconds
 
     def round_(c):
         start = time.perf_counter()
@@ -310,17 +324,21 @@ def bench_train(contenders, steps, repeats):
     return run_rounds(contenders, one_step, round_, repeats, "train")
 
 
-def record_train(contenders, results, args, final_loss=False):
+def record_train(contenders, results, args, final_loss=False, first_loss=False):
     """Runs `bench_train` and stores its figures in `results`; with
-    `final_loss`, one more step's loss too (`loss after timing`)."""
-    first, samples = bench_train(contenders, args.steps, args.repeats)
+    `final_loss`, one more step's loss too (`loss after timing`); with
+    `first_loss`, the loss of the first (untrained) step (`first_loss`)."""
+    losses = {} if first_loss else None
+    first, samples = bench_train(contenders, args.steps, args.repeats, losses)
     for c in contenders:
         r = results[c.name]
         r["train_first_step_s"] = first[c.name]
         r["train_samples_s_per_step"] = samples[c.name]
         r["train_s_per_step"] = statistics.median(samples[c.name])
+        if first_loss:
+            r["first_loss"] = losses[c.name]
         if final_loss:
-            r["final_loss"] = float(np.ravel(c.train_step())[0])
+            r["final_loss"] = step_loss(c.train_step())
 
 
 def bench_calls(contenders, call, check, repeats, label):
@@ -343,12 +361,10 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def loss_row(results):
-    """The `extra` row of `ratio_table` for `record_train(final_loss=True)`."""
-    return (
-        "loss after timing",
-        {n: fmt(r.get("final_loss"), ".3f") for n, r in results.items()},
-    )
+def loss_row(results, key="final_loss", label="loss after timing"):
+    """The `extra` row of `ratio_table` for `record_train(final_loss=True)`
+    (or, with `key="first_loss"`, for `first_loss=True`)."""
+    return (label, {n: fmt(r.get(key), ".3f") for n, r in results.items()})
 
 
 def ratio_table(results, rows, firsts=(), extra=()):

@@ -123,31 +123,41 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
 def has_grouped_matmul() -> bool:
     """Whether `grouped_matmul` beats the `keras.ops` block layout here:
     JAX on GPU/TPU (`jax.lax.ragged_dot`; on CPU XLA lowers it to a masked
-    dense product, ~10x slower than blocks) and PyTorch (per-expert loop;
-    eager only, it reads the group sizes on the host)."""
+    dense product, ~10x slower than blocks) and PyTorch (`grouped_mm`, CPU
+    and CUDA; a per-expert loop where torch lacks it)."""
     backend = keras.config.backend()
     if backend == "jax":
         import jax
 
         return jax.default_backend() in ("gpu", "tpu")
-    if backend == "torch":
-        import torch
-
-        return not torch.compiler.is_compiling()
-    return False
+    return backend == "torch"
 
 
 def group_sizes_for_matmul(group_sizes):
-    """Group sizes as `grouped_matmul` wants them (a host list on PyTorch)."""
+    """Group sizes as `grouped_matmul` wants them: PyTorch's `grouped_mm`
+    takes int32 end offsets (no host sync); its loop fallback a host list."""
     if keras.config.backend() == "torch":
+        import torch
+
+        if _torch_grouped_mm() is not None:
+            return torch.cumsum(keras.ops.convert_to_tensor(group_sizes), 0).int()
         return [int(s) for s in group_sizes.tolist()]
     return group_sizes
 
 
+def _torch_grouped_mm():
+    import torch
+
+    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(
+        torch, "_grouped_mm", None
+    )
+
+
 def grouped_matmul(x, kernels, group_sizes):
-    """Rows of `x [M, D]`, sorted into consecutive groups of `group_sizes`
-    (summing to M), times their group's kernel from `kernels [G, D, F]`:
-    `[M, F]`. Same numbers as `moe_dispatch.BlockLayout.matmul`."""
+    """Rows of `x [M, D]`, sorted into consecutive groups (sizes from
+    `group_sizes_for_matmul`, summing to M), times their group's kernel from
+    `kernels [G, D, F]`: `[M, F]`. Same numbers as the `keras.ops` block
+    layout in `layers/moe_dispatch.py`."""
     backend = keras.config.backend()
     if backend == "jax":
         import jax
@@ -156,10 +166,16 @@ def grouped_matmul(x, kernels, group_sizes):
     if backend == "torch":
         import torch
 
-        parts = torch.split(keras.ops.convert_to_tensor(x), group_sizes)
+        x = keras.ops.convert_to_tensor(x)
         kernels = keras.ops.convert_to_tensor(kernels)
-        return torch.cat([p @ kernels[g] for g, p in enumerate(parts)], dim=0)
-    raise NotImplementedError(f"No grouped matmul on {backend}; use BlockLayout.")
+        if isinstance(group_sizes, list):  # no grouped_mm in this torch
+            parts = torch.split(x, group_sizes)
+            return torch.cat([p @ kernels[g] for g, p in enumerate(parts)], dim=0)
+        out = _torch_grouped_mm()(x.to(kernels.dtype), kernels, offs=group_sizes)
+        if out.requires_grad:  # its backward rejects stride-0 (expanded) grads
+            out.register_hook(lambda grad: grad.contiguous())
+        return out
+    raise NotImplementedError(f"No grouped matmul on {backend}; use the block layout.")
 
 
 def update_cache(cache, update, index):

@@ -230,7 +230,7 @@ def train_model(args: argparse.Namespace):
     total_steps = args.epochs * args.steps_per_epoch
     _compile(model, args, total_steps)
     print(
-        f"Model: {args.preset} ({type(model).__name__}), {model.count_params():,} "
+        f"Model: {args.preset} ({type(model).__name__}), {_params(model.config)} "
         f"parameters; {args.epochs} epochs x {args.steps_per_epoch} steps of "
         f"{args.batch_size} x {length} tokens; validation: "
         f"{validation_data.num_tokens:,} tokens; backend: {keras.config.backend()}."
@@ -287,3 +287,11 @@ def _generate(model, prompt: str, max_new_tokens: int, seed=None, **kwargs) -> s
         )
     except ValueError as error:
         raise CLIError(str(error)) from None
+
+
+def _params(config) -> str:
+    """Total parameters, and the active ones per token for MoE models."""
+    total, active = config.num_params(), config.num_active_params()
+    return (
+        f"{total:,}" if total == active else f"{total:,} ({active:,} active per token)"
+    )

@@ -204,7 +204,7 @@ class SparseMoE(keras.layers.Layer):
     def call(self, x, padding_mask=None, training=None):
         shape = ops.shape(x)
         tokens = ops.reshape(x, (-1, shape[-1]))  # [N, D]
-        n = tokens.shape[0] if tokens.shape[0] is not None else ops.shape(tokens)[0]
+        n = ops.shape(tokens)[0]  # an int, or a tensor in a TF graph with a None batch
         if padding_mask is None:
             real = ops.ones((n,), "bool")
         else:

@@ -63,9 +63,12 @@ def expert_ranks(experts, real, num_experts):
     return ranks, ops.sum(one_hot, axis=0)
 
 
-def block_size(num_assignments: int, num_experts: int) -> int:
+def block_size(num_assignments, num_experts: int) -> int:
     """Rows per block: a power of two near A / (4 E), in [16, 512], so that
-    padding costs at most about a quarter of the routed rows."""
+    padding costs at most about a quarter of the routed rows (64 when A is
+    only known at run time, e.g. a TensorFlow graph with a `None` batch)."""
+    if not isinstance(num_assignments, int):
+        return 64
     target = max(1, num_assignments // (4 * num_experts))
     return int(min(512, max(16, 2 ** round(math.log2(target)))))
 
@@ -165,9 +168,13 @@ class DispatchPlan:
         return ops.sum(ops.cast(lost, "float32")) / total
 
 
-def expert_capacity(capacity_factor, num_assignments, num_experts) -> int:
-    """C = ceil(capacity_factor * A / E), at least 1."""
-    return max(1, math.ceil(capacity_factor * num_assignments / num_experts))
+def expert_capacity(capacity_factor, num_assignments, num_experts):
+    """C = ceil(capacity_factor * A / E), at least 1 (a scalar tensor when A
+    is only known at run time)."""
+    if isinstance(num_assignments, int):
+        return max(1, math.ceil(capacity_factor * num_assignments / num_experts))
+    c = ops.ceil(ops.cast(num_assignments, "float32") * capacity_factor / num_experts)
+    return ops.maximum(ops.cast(c, "int32"), 1)
 
 
 def sparse_experts(
@@ -187,12 +194,25 @@ def sparse_experts(
         capacity: C, or None for dropless.
 
     Returns:
-        `(output [N, D], plan)`; `plan.dropped_fraction()` reports drops.
+        `(output [N, D], plan)`; `plan.dropped_fraction()` reports drops
+        (`plan` is None when the dense path served a handful of tokens).
     """
     if capacity is not None:
         layout = "capacity"
     else:
         layout = "grouped" if backend.has_grouped_matmul() else "blocks"
+    n = ops.shape(tokens)[0]
+    if (
+        layout == "blocks"
+        and isinstance(n, int)
+        and n <= block_size(n * ops.shape(expert_ids)[1], num_experts)
+    ):
+        # At most one block of tokens (e.g. a decoding step): the blocks
+        # would cost at least E * block >= E * N rows, so computing every
+        # expert on every token is cheaper and gives the same numbers.
+        return dense_experts(
+            tokens, expert_ids, weights, apply_experts, num_experts
+        ), None
     plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
     rows = apply_experts(plan.gather(tokens), plan.matmul)
     return plan.combine(rows, weights), plan
