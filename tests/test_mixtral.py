@@ -119,3 +119,16 @@ def test_configuration_errors():
         kt.from_preset("mixtral_tiny", moe={"num_experts_per_token": 9})
     with pytest.raises(ValueError, match="moe.capacity_factor"):
         kt.from_preset("mixtral_tiny", moe={"capacity_factor": 0.0})
+
+
+def test_sliding_window_generation_equals_full_forward(rng):
+    """Mixtral with a 16-token window: the cache holds 16 positions and
+    greedy decoding past the window equals recomputing the full forward."""
+    from test_sliding_window import _reference_greedy
+
+    lm = kt.from_preset("mixtral_tiny_sliding")
+    assert to_numpy(lm.backbone.init_cache(2, 100)[0][0]).shape[1] == 16
+    prompts = [rng.integers(3, 512, n).tolist() for n in (5, 20)]
+    out = lm.generate(prompts, max_new_tokens=14, stop_token_ids=None)
+    for row, expected in zip(out, _reference_greedy(lm, prompts, 14)):
+        assert row[: len(expected)].tolist() == expected

@@ -4,8 +4,10 @@ KV cache, the same `call()` as training.
 Prompts are right-padded to a bucketed length. One forward pass over the
 whole buffer fills the cache; the loop then produces position `i` from
 position `i - 1`, keeping prompt tokens where a row's prompt is longer than
-the shortest one. Shapes are static, so XLA compiles the loop once per
-bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd.
+the shortest one. A sliding-window model's rolling cache is filled with a
+bucketed prefix of the shortest prompt only (see `_prefix_length`). Shapes
+are static, so XLA compiles the loop once per bucket (JAX and TensorFlow);
+PyTorch runs it eagerly without autograd.
 """
 
 from __future__ import annotations
@@ -128,9 +130,26 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None):
     return step
 
 
-def _prefill(model, token_ids):
+def _prefix_length(config, min_length):
+    """Positions the prefill writes: None (the whole buffer) without a
+    sliding window. A rolling (sliding-window) cache must see only real
+    tokens, in order, so it prefills a bucketed prefix of the shortest prompt
+    (static lengths: one compiled program per bucket); the loop then feeds the
+    remaining prompt tokens one by one, starting at position `prefix + 1`."""
+    if config.sliding_window is None:
+        return None
+    return (min_length - 1) // BUCKET * BUCKET
+
+
+def _prefill(model, token_ids, prefix=None):
+    """A cache for the `[B, L]` buffer, filled with its first `prefix`
+    positions (all of them when `prefix` is None)."""
     batch, length = token_ids.shape
     cache = model.backbone.init_cache(batch, length)
+    if prefix is not None:
+        if prefix == 0:
+            return cache
+        token_ids = token_ids[:, :prefix]
     _, cache = model.backbone(token_ids, cache=cache, cache_index=0)
     return cache
 
@@ -156,11 +175,11 @@ def decode_loop(step, token_ids, cache, prompt_mask, limits, uniforms, start, en
     return state[1], state[4]
 
 
-def _loop_fn(model, spec, stop_ids, pad_id):
+def _loop_fn(model, spec, stop_ids, pad_id, prefix=None):
     step = _step_fn(model, spec, stop_ids, pad_id)
 
     def run(token_ids, prompt_mask, limits, uniforms, start, end):
-        cache = _prefill(model, token_ids)
+        cache = _prefill(model, token_ids, prefix)
         return decode_loop(
             step, token_ids, cache, prompt_mask, limits, uniforms, start, end
         )
@@ -230,16 +249,18 @@ def generate(
     limits = (lengths + max_new_tokens).astype("int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
     stop_ids = _stop_ids(model, stop_token_ids)
-    start, end = int(lengths.min()), total
+    prefix = _prefix_length(config, int(lengths.min()))
+    start = int(lengths.min()) if prefix is None else prefix + 1
+    end = total
     args = [token_ids, prompt_mask, limits, uniforms]
     args = [ops.convert_to_tensor(a) for a in args]
     if stream is None:
         fn = _compiled(
             model,
-            "loop",
+            "loop" if prefix is None else ("loop", prefix),
             spec,
             stop_ids,
-            lambda: _loop_fn(model, spec, stop_ids, pad_id),
+            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix),
         )
         out_ids, generated = fn(
             *args,
@@ -248,7 +269,7 @@ def generate(
         )
     else:
         out_ids, generated = _stream(
-            model, spec, stop_ids, pad_id, args, start, end, stream
+            model, spec, stop_ids, pad_id, args, start, end, stream, prefix
         )
     return _finish(
         model,
@@ -271,11 +292,15 @@ def _compiled(model, kind, spec, stop_ids, make):
     return store[key]
 
 
-def _stream(model, spec, stop_ids, pad_id, args, start, end, callback):
+def _stream(model, spec, stop_ids, pad_id, args, start, end, callback, prefix=None):
     token_ids, prompt_mask, limits, uniforms = args
     step = _step_fn(model, spec, stop_ids, pad_id)
     prefill = _compiled(
-        model, "prefill", None, (), lambda: lambda ids: _prefill(model, ids)
+        model,
+        "prefill" if prefix is None else ("prefill", prefix),
+        None,
+        (),
+        lambda: lambda ids: _prefill(model, ids, prefix),
     )
     step_c = _compiled(model, "step", spec, stop_ids, lambda: step)
     cache = prefill(token_ids)

@@ -8,6 +8,7 @@ H head size.
 from __future__ import annotations
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -50,11 +51,18 @@ class MultiHeadAttention(keras.layers.Layer):
         query: `[B, T, D]`.
         key_value: `[B, S, D]` for cross-attention; None for self-attention.
         key_padding_mask: `[B, S]`, True/1 where the key is real. With a
-            self-attention cache, S is the cache length.
+            self-attention cache, S is the cache length (with a rolling
+            cache, `S_c + T`: the cache slots, then the new tokens).
         cache: for self-attention, a `(key, value)` pair of `[B, S_max, K, H]`
             tensors holding earlier positions, updated at `cache_index`; for
             cross-attention (no `cache_index`), the projected encoder pair from
-            `project_key_value`.
+            `project_key_value`. With `causal` and `sliding_window`, the
+            self-attention cache is rolling instead: of any length
+            `S_c >= sliding_window - 1` (or `>= cache_index`: it then holds
+            every earlier position), slot `j` holds position
+            `cache_index - S_c + j` (empty while negative); the new tokens
+            attend to `concat(cache, new)` and the returned cache is its last
+            `S_c` rows.
         cache_index: position of the first query token in the cache (scalar).
         positions: `[T]` or `[B, T]` rotary positions; defaults to
             `cache_index + arange(T)`.
@@ -186,12 +194,17 @@ class MultiHeadAttention(keras.layers.Layer):
             if positions is None:
                 positions = ops.arange(ops.shape(query)[1]) + offset
             q, k = self.process_heads(q, k, positions)
-        if cache is not None and cache_index is not None:
-            # K and V are written separately (XLA then updates in place).
-            k = backend.update_cache(cache[0], k, cache_index)  # [B, S_max, K, H]
-            v = backend.update_cache(cache[1], v, cache_index)
-            cache = (k, v)
         causal = self.causal and self_attention
+        key_offset = None
+        if cache is not None and cache_index is not None:
+            if causal and self.sliding_window is not None:
+                k, v, cache = self._roll_cache(cache, k, v, cache_index)
+                key_offset = cache_index - ops.shape(cache[0])[1]
+            else:
+                # K and V are written separately (XLA then updates in place).
+                k = backend.update_cache(cache[0], k, cache_index)  # [B, S_max, K, H]
+                v = backend.update_cache(cache[1], v, cache_index)
+                cache = (k, v)
         use_is_causal = (
             causal
             and cache is None
@@ -207,10 +220,32 @@ class MultiHeadAttention(keras.layers.Layer):
                 causal=causal,
                 sliding_window=self.sliding_window if causal else None,
                 query_offset=offset,
+                key_offset=key_offset,
             )
         out = self._attend(q, k, v, mask, use_is_causal, training)  # [B, T, N, H]
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
+
+    def _roll_cache(self, cache, k, v, cache_index):
+        """Rolling sliding-window cache: `cache` holds the `S_c` positions
+        just before the new `T` tokens. Returns the keys and values to attend
+        to, `concat(cache, new)` `[B, S_c + T, K, H]` each, and the updated
+        cache, their last `S_c` rows."""
+        length = cache[0].shape[1]
+        # Shorter than the window is exact only while it holds every earlier
+        # position (`init_cache` with max_length < sliding_window).
+        short = length is not None and length < self.sliding_window - 1
+        if short and isinstance(cache_index, numbers.Integral) and cache_index > length:
+            raise ValueError(
+                "A rolling sliding-window KV cache needs at least sliding_window "
+                f"- 1 = {self.sliding_window - 1} positions (or every earlier "
+                f"one). Received a cache of length {length} for "
+                f"sliding_window={self.sliding_window} at cache_index={cache_index}."
+            )
+        t = ops.shape(k)[1]
+        k = ops.concatenate([cache[0], ops.cast(k, cache[0].dtype)], axis=1)
+        v = ops.concatenate([cache[1], ops.cast(v, cache[1].dtype)], axis=1)
+        return k, v, (k[:, t:], v[:, t:])
 
     def _attend(self, q, k, v, mask, is_causal, training):
         scale = 1.0 / math.sqrt(self.head_dim)

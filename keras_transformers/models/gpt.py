@@ -61,8 +61,12 @@ class GPTBackbone(TextBackbone):
 
     def init_cache(self, batch_size, max_length):
         """A zero KV cache: one `(key, value)` pair per block, each
-        `[B, S_max, K, H]`, in the compute dtype."""
+        `[B, S, K, H]`, in the compute dtype. `S = max_length`, or with a
+        `sliding_window`, `min(max_length, sliding_window)`: a rolling cache
+        of the most recent positions (see `MultiHeadAttention`)."""
         c = self.config
+        if c.sliding_window is not None:
+            max_length = min(max_length, c.sliding_window)
         shape = (batch_size, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
         zeros = lambda: ops.zeros(shape, dtype=self.compute_dtype)  # noqa: E731
         return tuple((zeros(), zeros()) for _ in range(c.num_layers))

@@ -1,0 +1,187 @@
+"""Sliding-window attention with a rolling KV cache bounded by the window:
+cached decoding (token by token, in chunks, in `generate`) equals the full
+forward pass with the sliding-window mask."""
+
+import numpy as np
+import pytest
+from contracts import assert_close, randomize_weights, to_numpy
+
+from keras_transformers import layers
+from keras_transformers.models import GPTCausalLM
+
+WINDOW = 5
+
+
+def _attention(window=WINDOW):
+    return layers.MultiHeadAttention(
+        num_heads=4,
+        head_dim=8,
+        num_kv_heads=2,
+        causal=True,
+        sliding_window=window,
+        rope_max_wavelength=10000,
+    )
+
+
+@pytest.fixture
+def x(rng):
+    return rng.normal(size=(2, 17, 32)).astype("float32")
+
+
+def _cached(layer, x, cache_length, chunk):
+    cache = tuple(np.zeros((2, cache_length, 2, 8), "float32") for _ in range(2))
+    outputs = []
+    for i in range(0, x.shape[1], chunk):
+        out, cache = layer(x[:, i : i + chunk], cache=cache, cache_index=i)
+        assert tuple(cache[0].shape) == (2, cache_length, 2, 8)
+        outputs.append(to_numpy(out))
+    return np.concatenate(outputs, axis=1), cache
+
+
+@pytest.mark.parametrize("cache_length", [WINDOW - 1, WINDOW, WINDOW + 5])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_rolling_cache_equals_full_sequence(x, cache_length, chunk):
+    layer = _attention()
+    full = to_numpy(layer(x))
+    cached, cache = _cached(layer, x, cache_length, chunk)
+    assert_close(cached, full, atol=1e-5)
+    # The cache holds the keys of the last `cache_length` positions, in order.
+    keys = to_numpy(layer.key_dense(x))
+    keys = to_numpy(layer.rotary(keys, np.arange(x.shape[1])))
+    assert_close(cache[0], keys[:, -cache_length:], atol=1e-5)
+
+
+def test_short_cache_holding_every_position_is_exact(x):
+    layer = _attention(window=40)  # cache 17 < window - 1, but never overflows
+    cached, _ = _cached(layer, x, x.shape[1], chunk=3)
+    assert_close(cached, to_numpy(layer(x)), atol=1e-5)
+
+
+def test_too_short_cache_raises(x):
+    layer = _attention()
+    cache = tuple(np.zeros((2, WINDOW - 2, 2, 8), "float32") for _ in range(2))
+    with pytest.raises(ValueError, match=rf"{WINDOW - 1}.*length {WINDOW - 2}"):
+        layer(x[:, :1], cache=cache, cache_index=WINDOW)
+
+
+def test_mask_with_key_offset():
+    mask = to_numpy(
+        layers.attention_mask(
+            2, 5, causal=True, sliding_window=3, query_offset=1, key_offset=-2
+        )
+    )
+    # keys at positions -2..2, queries at 1 and 2
+    expected = np.array([[0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], bool)
+    np.testing.assert_array_equal(mask[0, 0], expected)
+
+
+def test_window_covering_the_sequence_is_full_causal_attention(x):
+    windowed = _attention(window=x.shape[1])
+    full = layers.MultiHeadAttention(
+        num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rope_max_wavelength=10000
+    )
+    windowed(x)
+    full(x)
+    full.set_weights(windowed.get_weights())
+    assert_close(windowed(x), full(x), atol=1e-5)
+    cached, _ = _cached(windowed, x, x.shape[1] - 1, chunk=1)
+    assert_close(cached, full(x), atol=1e-5)
+
+
+_MODELS = {}
+
+
+def _lm(window):
+    if window not in _MODELS:
+        lm = GPTCausalLM(
+            vocabulary_size=97,
+            num_layers=2,
+            hidden_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_dim=64,
+            max_sequence_length=128,
+            position_embedding="rotary",
+            norm_type="rms",
+            gated_feed_forward=True,
+            activation="silu",
+            use_bias=False,
+            tie_embeddings=False,
+            sliding_window=window,
+        )
+        _MODELS[window] = randomize_weights(lm, seed=window)
+    return _MODELS[window]
+
+
+def _reference_greedy(lm, prompts, steps, length=64):
+    """Greedy decoding that recomputes the full forward pass every step, on a
+    fixed-length buffer (causal: the zeros after a row do not change it)."""
+    buffer = np.zeros((len(prompts), length), "int32")
+    lengths = [len(p) for p in prompts]
+    for row, prompt in enumerate(prompts):
+        buffer[row, : len(prompt)] = prompt
+    for _ in range(steps):
+        logits = to_numpy(lm(buffer))
+        for row, n in enumerate(lengths):
+            buffer[row, n] = int(logits[row, n - 1].argmax())
+            lengths[row] += 1
+    return [buffer[row, :n].tolist() for row, n in enumerate(lengths)]
+
+
+def _prompts(rng, lengths):
+    return [rng.integers(3, 97, size=n).tolist() for n in lengths]
+
+
+def test_init_cache_is_bounded_by_the_window():
+    lm = _lm(8)
+    cache = lm.backbone.init_cache(2, 100)
+    assert len(cache) == 2
+    assert tuple(cache[0][0].shape) == (2, 8, 2, 8)
+    assert tuple(lm.backbone.init_cache(2, 5)[1][1].shape) == (2, 5, 2, 8)
+
+
+def test_model_cached_decoding_equals_full_forward(rng):
+    lm = _lm(8)
+    ids = rng.integers(3, 97, size=(2, 20)).astype("int32")
+    cache = lm.backbone.init_cache(2, 100)
+    logits, cache = lm.call_with_cache(ids[:, :6], cache, 0)  # a prefill chunk
+    steps = [to_numpy(logits)]
+    for i in range(6, 20):
+        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        steps.append(to_numpy(logits))
+    assert_close(np.concatenate(steps, axis=1), to_numpy(lm(ids)), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "window, lengths, new",
+    [
+        (8, (3, 13), 20),  # no prefill: the loop feeds every prompt token
+        (8, (35, 40), 12),  # a 32-token prefill, then a rolling cache of 8
+        (40, (4, 9), 12),  # buffer of 32 < window: a short cache, never full
+    ],
+)
+def test_generate_greedy_equals_full_forward(rng, window, lengths, new):
+    lm = _lm(window)
+    prompts = _prompts(rng, lengths)
+    out = lm.generate(prompts, max_new_tokens=new, stop_token_ids=None)
+    for row, expected in zip(out, _reference_greedy(lm, prompts, new)):
+        assert row[: len(expected)].tolist() == expected
+
+
+def test_generate_streaming(rng):
+    lm = _lm(8)
+    prompts = _prompts(rng, (3, 13))
+    out = lm.generate(prompts, max_new_tokens=10, stop_token_ids=None)
+    streamed = []
+    again = lm.generate(
+        prompts,
+        max_new_tokens=10,
+        stop_token_ids=None,
+        stream=lambda t: streamed.append(np.asarray(t)),
+    )
+    np.testing.assert_array_equal(again, out)
+    for row, expected in zip(again, _reference_greedy(lm, prompts, 10)):
+        assert row[: len(expected)].tolist() == expected
+    streamed = np.stack(streamed)  # [steps, B]
+    for row, prompt, tokens in zip(out, prompts, streamed.T):
+        assert tokens[tokens >= 0].tolist() == row[len(prompt) :][:10].tolist()
