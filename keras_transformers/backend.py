@@ -123,14 +123,26 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
 def has_grouped_matmul() -> bool:
     """Whether `grouped_matmul` beats the `keras.ops` block layout here:
     JAX on GPU/TPU (`jax.lax.ragged_dot`; on CPU XLA lowers it to a masked
-    dense product, ~10x slower than blocks) and PyTorch (`grouped_mm`, CPU
-    and CUDA; a per-expert loop where torch lacks it)."""
+    dense product, ~10x slower than blocks), PyTorch (`grouped_mm`, CPU and
+    CUDA; a per-expert loop where torch lacks it) and TensorFlow outside XLA
+    (a per-expert loop over `tf.split` groups)."""
     backend = keras.config.backend()
     if backend == "jax":
         import jax
 
         return jax.default_backend() in ("gpu", "tpu")
+    if backend == "tensorflow":  # a per-expert loop; XLA needs static shapes
+        return not _in_xla_context()
     return backend == "torch"
+
+
+def _in_xla_context() -> bool:
+    """Whether TensorFlow is tracing for XLA (`jit_compile=True`)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    graph = tf.compat.v1.get_default_graph()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def group_sizes_for_matmul(group_sizes):
@@ -163,6 +175,11 @@ def grouped_matmul(x, kernels, group_sizes):
         import jax
 
         return jax.lax.ragged_dot(x, kernels, group_sizes.astype("int32"))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        parts = tf.split(x, group_sizes, num=kernels.shape[0])
+        return tf.concat([p @ kernels[g] for g, p in enumerate(parts)], axis=0)
     if backend == "torch":
         import torch
 

@@ -201,21 +201,41 @@ def sparse_experts(
         layout = "capacity"
     else:
         layout = "grouped" if backend.has_grouped_matmul() else "blocks"
-    n = ops.shape(tokens)[0]
+    n, k = ops.shape(expert_ids)
     if (
         layout == "blocks"
         and isinstance(n, int)
-        and n <= block_size(n * ops.shape(expert_ids)[1], num_experts)
+        and n <= block_size(n * k, num_experts)
     ):
         # At most one block of tokens (e.g. a decoding step): the blocks
-        # would cost at least E * block >= E * N rows, so computing every
-        # expert on every token is cheaper and gives the same numbers.
-        return dense_experts(
-            tokens, expert_ids, weights, apply_experts, num_experts
-        ), None
+        # would cost at least E * block >= E * N rows. With fewer routed
+        # assignments than experts, multiply each by its own expert's
+        # (gathered) kernel; otherwise every expert on every token is
+        # cheaper. Same numbers either way.
+        if n * k < num_experts:
+            out = gathered_experts(tokens, expert_ids, weights, apply_experts)
+        else:
+            out = dense_experts(tokens, expert_ids, weights, apply_experts, num_experts)
+        return out, None
     plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
     rows = apply_experts(plan.gather(tokens), plan.matmul)
     return plan.combine(rows, weights), plan
+
+
+def gathered_experts(tokens, expert_ids, weights, apply_experts):
+    """Each of the A assignments times its expert's gathered kernel: reads
+    only the chosen experts' weights (decoding a handful of tokens)."""
+    n, k = ops.shape(expert_ids)
+    experts = ops.reshape(ops.transpose(expert_ids), (-1,))  # [A], choice-major
+    x = ops.tile(tokens, (k, 1))  # [A, D]
+
+    def matmul(h, kernels):
+        return ops.einsum("ad,adf->af", h, ops.take(kernels, experts, axis=0))
+
+    y = apply_experts(x, matmul) * ops.cast(
+        ops.reshape(ops.transpose(weights), (-1, 1)), tokens.dtype
+    )
+    return ops.sum(ops.reshape(y, (k, n, -1)), axis=0)
 
 
 def dense_experts(tokens, expert_ids, weights, apply_experts, num_experts):
