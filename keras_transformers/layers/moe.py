@@ -194,8 +194,8 @@ class SparseMoE(keras.layers.Layer):
         gate_up = ops.cast(self.expert_gate_up, self.compute_dtype)
         hidden = matmul(x, gate_up)  # [M, 2F] or [M, F]
         if self.gated:
-            f = self.intermediate_dim
-            hidden = self.activation_fn(hidden[:, :f]) * hidden[:, f:]
+            gate, up = ops.split(hidden, 2, axis=-1)  # split: no zero-filled grads
+            hidden = self.activation_fn(gate) * up
         else:
             hidden = self.activation_fn(hidden)
         return matmul(hidden, ops.cast(self.expert_down, self.compute_dtype))
