@@ -132,3 +132,29 @@ def test_sliding_window_generation_equals_full_forward(rng):
     out = lm.generate(prompts, max_new_tokens=14, stop_token_ids=None)
     for row, expected in zip(out, _reference_greedy(lm, prompts, 14)):
         assert row[: len(expected)].tolist() == expected
+
+
+@pytest.mark.large
+def test_train_mixtral_example_runs(tmp_path):
+    """examples/train_mixtral.py end to end at toy size: both models train,
+    the comparison and the expert-load curve are written."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "examples" / "train_mixtral.py"
+    args = "--epochs 1 --steps-per-epoch 4 --max-chars 60000 --vocabulary-size 512"
+    subprocess.run(
+        [sys.executable, str(script), *args.split(), "--output", str(tmp_path)],
+        check=True,
+        env={**os.environ},
+        capture_output=True,
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+    for model in ("moe", "dense"):
+        assert np.isfinite(results[model]["validation_perplexity"])
+    moe, dense = results["moe"], results["dense"]
+    assert moe["active_params"] - dense["active_params"] == 4 * 128 * 8  # routers
+    assert len(moe["expert_load_curve"]["values"]) > 0
