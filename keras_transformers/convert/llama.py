@@ -97,20 +97,39 @@ def config_from_hf(hf: dict) -> dict:
 
 
 def _layers(block):
-    """(layer, HF name, kernel shape) of one block, attention first."""
+    """(layer, HF name, kernel shape) of a block's attention and norms."""
     out = [
         (layer, f"self_attn.{ATTENTION[role]}", shape)
         for role, (layer, shape) in attention_parts(block.self_attention).items()
     ]
-    out += [(getattr(block.feed_forward, a), f"mlp.{n}", None) for a, n in MLP.items()]
     out.append((block.self_attention_norm, "input_layernorm", None))
     out.append((block.feed_forward_norm, "post_attention_layernorm", None))
     return out
 
 
-def load_weights(backbone, checkpoint, require_head: bool) -> None:
-    """Copies a Llama checkpoint into `backbone` (a `GPTBackbone`)."""
-    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", MODEL_TYPE)
+def _load_mlp(block, checkpoint, prefix: str) -> None:
+    for attr, hf_name in MLP.items():
+        layer = getattr(block.feed_forward, attr)
+        load_layer(layer, checkpoint.get, f"{prefix}mlp.{hf_name}", transpose=True)
+
+
+def _export_mlp(out: dict, block, prefix: str) -> None:
+    for attr, hf_name in MLP.items():
+        layer = getattr(block.feed_forward, attr)
+        export_layer(out, layer, f"{prefix}mlp.{hf_name}", transpose=True)
+
+
+def load_weights(
+    backbone,
+    checkpoint,
+    require_head: bool,
+    model_type=MODEL_TYPE,
+    feed_forward=_load_mlp,
+) -> None:
+    """Copies a Llama-layout checkpoint into `backbone` (a `GPTBackbone`);
+    `feed_forward(block, checkpoint, "...layers.{i}.")` loads each block's
+    feed-forward (Mixtral passes its experts)."""
+    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", model_type)
     get = checkpoint.get
     name = p + "embed_tokens.weight"
     assign(backbone.token_embedding.embeddings, get(name), name)
@@ -120,6 +139,7 @@ def load_weights(backbone, checkpoint, require_head: bool) -> None:
             load_layer(
                 layer, get, f"{p}layers.{i}.{hf_name}", shape=shape, transpose=linear
             )
+        feed_forward(block, checkpoint, f"{p}layers.{i}.")
     load_layer(backbone.final_norm, get, p + "norm")
     load_head(backbone.token_embedding, checkpoint, require_head)
 
@@ -163,8 +183,10 @@ def hf_config(config) -> dict:
     }
 
 
-def export_weights(backbone) -> dict[str, np.ndarray]:
-    """The backbone's weights under LlamaForCausalLM names."""
+def export_weights(backbone, feed_forward=_export_mlp) -> dict[str, np.ndarray]:
+    """The backbone's weights under LlamaForCausalLM names;
+    `feed_forward(out, block, "model.layers.{i}.")` writes each block's
+    feed-forward (Mixtral passes its experts)."""
     p, out = "model.", {}
     out[p + "embed_tokens.weight"] = fetch(backbone.token_embedding.embeddings)
     for i, block in enumerate(backbone.blocks):
@@ -172,6 +194,7 @@ def export_weights(backbone) -> dict[str, np.ndarray]:
             linear = "norm" not in hf_name
             name = f"{p}layers.{i}.{hf_name}"
             export_layer(out, layer, name, shape=shape, transpose=linear)
+        feed_forward(out, block, f"{p}layers.{i}.")
     export_layer(out, backbone.final_norm, p + "norm")
     export_head(out, backbone.token_embedding)
     return out

@@ -37,14 +37,9 @@ from keras_transformers.convert import llama
 from keras_transformers.convert.common import (
     DECODER,
     assign,
-    attention_parts,
     check_exportable,
     check_shape,
-    export_head,
-    export_layer,
     fetch,
-    load_head,
-    load_layer,
 )
 
 MODEL_TYPE = "mixtral"
@@ -107,19 +102,9 @@ def preset_data(hf: dict) -> dict:
     return {"family": FAMILY, "class_name": name, "config": config_from_hf(hf)}
 
 
-def _layers(block):
-    """(layer, HF name, kernel shape) of the attention and the norms."""
-    out = [
-        (layer, f"self_attn.{llama.ATTENTION[role]}", shape)
-        for role, (layer, shape) in attention_parts(block.self_attention).items()
-    ]
-    out.append((block.self_attention_norm, "input_layernorm", None))
-    out.append((block.feed_forward_norm, "post_attention_layernorm", None))
-    return out
-
-
-def _load_experts(moe, checkpoint, name: str) -> None:
+def _load_experts(block, checkpoint, name: str) -> None:
     """Router and experts of one block (`name`: `...layers.{i}.`)."""
+    moe = block.feed_forward
     get, (e, f, d) = checkpoint.get, tuple(moe.expert_down.shape)
     legacy = name + "block_sparse_moe."
     if (
@@ -148,20 +133,11 @@ def _load_experts(moe, checkpoint, name: str) -> None:
 
 
 def load_weights(backbone, checkpoint, require_head: bool) -> None:
-    """Copies a Mixtral checkpoint into `backbone` (a `MixtralBackbone`)."""
-    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", MODEL_TYPE)
-    get = checkpoint.get
-    name = p + "embed_tokens.weight"
-    assign(backbone.token_embedding.embeddings, get(name), name)
-    for i, block in enumerate(backbone.blocks):
-        for layer, hf_name, shape in _layers(block):
-            linear = "norm" not in hf_name
-            load_layer(
-                layer, get, f"{p}layers.{i}.{hf_name}", shape=shape, transpose=linear
-            )
-        _load_experts(block.feed_forward, checkpoint, f"{p}layers.{i}.")
-    load_layer(backbone.final_norm, get, p + "norm")
-    load_head(backbone.token_embedding, checkpoint, require_head)
+    """Copies a Mixtral checkpoint into `backbone` (a `MixtralBackbone`):
+    Llama's mapping with the experts as each block's feed-forward."""
+    llama.load_weights(
+        backbone, checkpoint, require_head, MODEL_TYPE, feed_forward=_load_experts
+    )
 
 
 def hf_config(config) -> dict:
@@ -203,27 +179,22 @@ def hf_config(config) -> dict:
     return hf
 
 
+def _export_experts(out: dict, block, prefix: str) -> None:
+    """Router and experts of one block under the per-expert names."""
+    moe, name = block.feed_forward, prefix + "block_sparse_moe."
+    f = moe.intermediate_dim
+    out[name + "gate.weight"] = fetch(moe.router_kernel, transpose=True)
+    gate_up, down = fetch(moe.expert_gate_up), fetch(moe.expert_down)
+    for e in range(moe.num_experts):
+        expert = f"{name}experts.{e}."
+        out[expert + "w1.weight"] = np.ascontiguousarray(gate_up[e, :, :f].T)
+        out[expert + "w3.weight"] = np.ascontiguousarray(gate_up[e, :, f:].T)
+        out[expert + "w2.weight"] = np.ascontiguousarray(down[e].T)
+
+
 def export_weights(backbone) -> dict[str, np.ndarray]:
     """The backbone's weights under MixtralForCausalLM (per-expert) names."""
-    p, out = "model.", {}
-    out[p + "embed_tokens.weight"] = fetch(backbone.token_embedding.embeddings)
-    for i, block in enumerate(backbone.blocks):
-        for layer, hf_name, shape in _layers(block):
-            linear = "norm" not in hf_name
-            name = f"{p}layers.{i}.{hf_name}"
-            export_layer(out, layer, name, shape=shape, transpose=linear)
-        moe, name = block.feed_forward, f"{p}layers.{i}.block_sparse_moe."
-        f = moe.intermediate_dim
-        out[name + "gate.weight"] = fetch(moe.router_kernel, transpose=True)
-        gate_up, down = fetch(moe.expert_gate_up), fetch(moe.expert_down)
-        for e in range(moe.num_experts):
-            expert = f"{name}experts.{e}."
-            out[expert + "w1.weight"] = np.ascontiguousarray(gate_up[e, :, :f].T)
-            out[expert + "w3.weight"] = np.ascontiguousarray(gate_up[e, :, f:].T)
-            out[expert + "w2.weight"] = np.ascontiguousarray(down[e].T)
-    export_layer(out, backbone.final_norm, p + "norm")
-    export_head(out, backbone.token_embedding)
-    return out
+    return llama.export_weights(backbone, feed_forward=_export_experts)
 
 
 def export(model) -> tuple[dict, dict[str, np.ndarray]]:
