@@ -257,6 +257,23 @@ def build_contenders(args, ours, kerashub, hf, extras=()):
     return contenders, results
 
 
+def kerashub_generate(model, prompts, new_tokens):
+    """Greedy `generate` of a KerasHub causal LM built without a preprocessor:
+    it generates into the padded buffer (`token_ids` = prompt + padding up to
+    the final length, `padding_mask` marking the prompt) and fills every
+    unmasked position. Returns the `[B, T + new_tokens]` ids."""
+    batch, length = prompts.shape
+    total = length + new_tokens
+    token_ids = np.zeros((batch, total), "int32")
+    token_ids[:, :length] = prompts
+    padding_mask = np.zeros((batch, total), bool)
+    padding_mask[:, :length] = True
+    out = model.generate(
+        {"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None
+    )
+    return np.asarray(out["token_ids"])
+
+
 def keras_optimizer():
     import keras
 

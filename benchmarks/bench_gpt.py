@@ -46,6 +46,7 @@ from _common import (
     finish,
     keras_loss,
     keras_optimizer,
+    kerashub_generate,
     parse_common_args,
     print_meta,
     ratio_table,
@@ -145,19 +146,7 @@ class KerasHub(KerasContender):
         )
 
     def generate(self, prompts):
-        # Without a preprocessor, KerasHub generates into the padded buffer:
-        # `token_ids` is prompt + padding up to the final length and
-        # `padding_mask` marks the prompt; it fills every False position.
-        batch, length = prompts.shape
-        total = length + self.sizes.new_tokens
-        token_ids = np.zeros((batch, total), "int32")
-        token_ids[:, :length] = prompts
-        padding_mask = np.zeros((batch, total), bool)
-        padding_mask[:, :length] = True
-        out = self.model.generate(
-            {"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None
-        )
-        return np.asarray(out["token_ids"])
+        return kerashub_generate(self.model, prompts, self.sizes.new_tokens)
 
 
 class HuggingFace(HFContender):

@@ -74,6 +74,7 @@ from _common import (
     build_contenders,
     finish,
     keras_optimizer,
+    kerashub_generate,
     loss_row,
     parse_common_args,
     print_meta,
@@ -282,18 +283,7 @@ class KerasHub(KerasContender):
         )
 
     def generate(self, prompts):
-        # As in bench_gpt.py: without a preprocessor, KerasHub generates into
-        # the padded buffer (prompt + masked slots) and fills every slot.
-        batch, length = prompts.shape
-        total = length + self.sizes.new_tokens
-        token_ids = np.zeros((batch, total), "int32")
-        token_ids[:, :length] = prompts
-        padding_mask = np.zeros((batch, total), bool)
-        padding_mask[:, :length] = True
-        out = self.model.generate(
-            {"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None
-        )
-        return np.asarray(out["token_ids"])
+        return kerashub_generate(self.model, prompts, self.sizes.new_tokens)
 
     def notes(self):
         return f"{super().notes()}, dispatch=dense (all experts, KerasHub design)"
