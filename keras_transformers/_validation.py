@@ -72,8 +72,20 @@ class _Group:
     def replace(self, **changes):
         """Returns a copy with `changes` applied (validated again). A dict
         for a group (e.g. `moe={"capacity_factor": 1.25}`) changes only the
-        keys it names; the group's other values are kept."""
+        keys it names; the group's other values are kept. A key of a group
+        that is set may also be given on its own (`image_size=384` for
+        `vision={"image_size": 384}`) when no top-level field has that name."""
         known = {f.name for f in fields(self)}
+        for name in getattr(self, "_groups", lambda: {})():
+            group = getattr(self, name)
+            if group is None:
+                continue
+            for key in [k for k in changes if k not in known]:
+                if key in {f.name for f in fields(group)}:
+                    merged = changes.get(name)
+                    merged = dict(merged) if isinstance(merged, dict) else {}
+                    merged[key] = changes.pop(key)
+                    changes[name] = merged
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ValueError(

@@ -115,6 +115,13 @@ class VisionConfig(_Group):
         num_channels: input channels (3 for RGB, 1 for grey).
         pooling: "token" (class token) or "mean" (mean over patch tokens).
         class_token: prepend a learned class token.
+        rescale: input pixels are multiplied by this first (1/255 for a
+            model that takes raw 0..255 pixels; 1.0 for prepared inputs).
+        mean: per-channel (or one) value subtracted after `rescale`; None = 0.
+        std: per-channel (or one) divisor after `mean`; None = 1.
+
+    The model computes `(images * rescale - mean) / std`, so a saved model
+    carries its own input normalisation.
     """
 
     image_size: int = 224
@@ -122,6 +129,9 @@ class VisionConfig(_Group):
     num_channels: int = 3
     pooling: str = "token"
     class_token: bool = True
+    rescale: float = 1.0
+    mean: tuple | None = None
+    std: tuple | None = None
 
     def __post_init__(self) -> None:
         _check_int("vision.image_size", self.image_size, 1)
@@ -137,6 +147,27 @@ class VisionConfig(_Group):
         _check_bool("vision.class_token", self.class_token)
         if self.pooling == "token" and not self.class_token:
             _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
+        _check_float("vision.rescale", self.rescale, 1e-12)
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            values = (value,) if isinstance(value, (int, float)) else value
+            ok = isinstance(values, (list, tuple)) and len(values) in (
+                1,
+                self.num_channels,
+            )
+            ok = ok and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+            )
+            if not ok or (name == "std" and min(values) <= 0):
+                _fail(
+                    f"vision.{name}",
+                    value,
+                    f"1 or num_channels={self.num_channels} "
+                    + ("positive numbers" if name == "std" else "numbers"),
+                )
+            object.__setattr__(self, name, tuple(float(v) for v in values))
 
     @property
     def num_patches(self) -> int:

@@ -200,9 +200,20 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
             f"{weights} is missing. Save the model again with `save_to_preset`, or pass "
             "`load_weights=False` for a randomly initialised model."
         )
-    source = _instantiate(saved_cls, config, dtype, tokenizer, data.get("task"))
+    saved_size = _image_size(TransformerConfig.from_dict(data["config"]))
+    resize = saved_size is not None and saved_size != _image_size(config)
+    at_saved = config.replace(image_size=saved_size) if resize else config
+    source = _instantiate(saved_cls, at_saved, dtype, tokenizer, data.get("task"))
     _load_weights(source, weights)
+    if resize:  # e.g. a ViT fine-tuned at another resolution
+        from keras_transformers.models.vit import with_image_size
+
+        source = with_image_size(source, config.vision.image_size)
     return _convert_between(source, cls, tokenizer, task_args)
+
+
+def _image_size(config):
+    return config.vision.image_size if config.vision is not None else None
 
 
 def cls_task_arguments(cls) -> tuple:

@@ -7,6 +7,7 @@ from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.moe import SparseMoE
+from keras_transformers.layers.patches import PatchEmbedding
 from keras_transformers.layers.positions import (
     PositionEmbedding,
     RotaryEmbedding,
@@ -17,6 +18,7 @@ __all__ = [
     "FeedForward",
     "MaskedLMHead",
     "MultiHeadAttention",
+    "PatchEmbedding",
     "PositionEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",

@@ -10,6 +10,7 @@ from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
 from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
+from keras_transformers.models.vit import ViTBackbone, ViTClassifier
 
 # family -> (backbone class, default class for `keras_transformers.from_preset`)
 FAMILY_CLASSES = {
@@ -17,6 +18,7 @@ FAMILY_CLASSES = {
     "bert": (BertBackbone, BertMaskedLM),
     "transformer": (Seq2SeqBackbone, Seq2SeqLM),
     "mixtral": (MixtralBackbone, MixtralCausalLM),
+    "vit": (ViTBackbone, ViTClassifier),
 }
 CLASSES = {
     cls.__name__: cls
@@ -31,6 +33,8 @@ CLASSES = {
         Seq2SeqLM,
         MixtralBackbone,
         MixtralCausalLM,
+        ViTBackbone,
+        ViTClassifier,
     ]
 }
 
@@ -46,4 +50,6 @@ __all__ = [
     "MixtralCausalLM",
     "Seq2SeqBackbone",
     "Seq2SeqLM",
+    "ViTBackbone",
+    "ViTClassifier",
 ]

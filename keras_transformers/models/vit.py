@@ -1,0 +1,259 @@
+"""Vision Transformers: patch embedding and class token in front of the
+shared pre-norm encoder blocks, and an image classifier on top."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformers.backend import call_layer
+from keras_transformers.layers import PatchEmbedding, make_norm
+from keras_transformers.layers.patches import resize_grid
+from keras_transformers.layers.serializable import serializable
+from keras_transformers.models.base import (
+    ConfiguredModel,
+    TaskModel,
+    initializer,
+    make_blocks,
+    resolve_config,
+    run_blocks,
+)
+
+
+def check_images(images, vision):
+    """Validates channels-last float images; returns `[B, H, W, C]`.
+
+    A grey image without a channel axis (`[B, H, W]`) gets one; grey images
+    fed to an RGB model are repeated over the three channels.
+
+    Raises:
+        ValueError: wrong rank, an integer dtype, a channel count the model
+            cannot take, or a size that is not a multiple of the patch size.
+    """
+    if not hasattr(images, "shape"):
+        images = np.asarray(images)
+    shape = tuple(images.shape)
+    c, p = vision.num_channels, vision.patch_size
+    if len(shape) == 3 and c == 1 and shape[-1] != 1:  # grey [B, H, W]
+        images, shape = ops.expand_dims(images, -1), shape + (1,)
+    if len(shape) != 4:
+        raise ValueError(
+            f"`images` must have shape [batch, height, width, channels] (channels "
+            f"last). Received shape {shape}. Add a batch axis with `x[None]`."
+        )
+    dtype = keras.backend.standardize_dtype(images.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            f"`images` must be floats. Received dtype {dtype}. Convert pixels with "
+            "`images.astype('float32')`: the model rescales them itself "
+            f"(vision.rescale={vision.rescale})."
+        )
+    if shape[-1] != c and not (shape[-1] == 1 and c == 3):
+        raise ValueError(
+            f"`images` have {shape[-1]} channels; the model takes {c} "
+            f"(vision.num_channels). Convert the images (e.g. to {'RGB' if c == 3 else 'grey'}), "
+            "or build the model with the matching num_channels."
+        )
+    for axis, size in zip(("height", "width"), shape[1:3]):
+        if size is not None and size % p:
+            raise ValueError(
+                f"Image {axis} {size} is not a multiple of the patch size {p}. "
+                f"Resize or pad the images to a multiple of {p} (e.g. {size - size % p + p})."
+            )
+    if shape[-1] != c:
+        images = ops.repeat(images, c, axis=-1)
+    return images
+
+
+def normalize(images, vision):
+    """`(images * rescale - mean) / std` in float32, per `vision`."""
+    x = ops.cast(images, "float32")
+    if vision.rescale != 1.0:
+        x = x * vision.rescale
+    if vision.mean is not None:
+        x = x - np.asarray(vision.mean, "float32")
+    if vision.std is not None:
+        x = x / np.asarray(vision.std, "float32")
+    return x
+
+
+@serializable
+class ViTBackbone(ConfiguredModel):
+    """Vision Transformer encoder (ViT).
+
+    Images are normalised as the config says (`vision.rescale`, `mean`,
+    `std`), cut into patches, embedded (`PatchEmbedding`: projection, class
+    token, learned positions), run through pre-norm encoder blocks and a
+    final norm.
+
+    Args:
+        config: a `TransformerConfig` (or dict) with `stacks="encoder"` and a
+            `vision` group; keyword fields override it.
+
+    Call arguments:
+        inputs: `{"images": [B, H, W, C]}` or the images alone; channels-last
+            floats. H and W may differ from `vision.image_size` if they are
+            multiples of the patch size (positions are then interpolated).
+
+    Returns:
+        `[B, class_token + (H/p)*(W/p), D]` final hidden states.
+
+    Example:
+    >>> vit = ViTBackbone.from_preset("vit_tiny_28")
+    >>> tuple(vit(np.zeros((1, 28, 28, 1), "float32")).shape)
+    (1, 17, 32)
+    """
+
+    family = "vit"
+
+    def __init__(self, config=None, *, dtype=None, name=None, **fields):
+        config = resolve_config(config, fields)
+        if (
+            config.stacks != "encoder"
+            or config.vision is None
+            or config.position_embedding != "learned"
+        ):
+            raise ValueError(
+                "ViTBackbone needs stacks='encoder', position_embedding='learned' "
+                f"and a `vision` group. Received: stacks={config.stacks!r}, "
+                f"position_embedding={config.position_embedding!r}, vision={config.vision!r}."
+            )
+        super().__init__(dtype=dtype, name=name)
+        self.config = config
+        v, d = config.vision, config.hidden_dim
+        self.patch_embedding = PatchEmbedding(
+            d,
+            v.patch_size,
+            v.image_size,
+            v.num_channels,
+            class_token=v.class_token,
+            kernel_initializer=initializer(config),
+            dtype=self.dtype_policy,
+            name="patch_embedding",
+        )
+        self.patch_embedding.build((None, v.image_size, v.image_size, v.num_channels))
+        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=dtype)
+        self.blocks = make_blocks(
+            config, config.num_layers, "block", self.dtype_policy, causal=False
+        )
+        self.final_norm = self._norm("final_norm") if config.final_norm else None
+        self.pooler = None
+        if config.pooler:  # the paper's pre-logits layer (HF ViTModel's pooler)
+            self.pooler = keras.layers.Dense(
+                d,
+                activation="tanh",
+                kernel_initializer=initializer(config),
+                dtype=self.dtype_policy,
+                name="pooler",
+            )
+            self.pooler.build((None, d))
+        self.built = True
+
+    def _norm(self, name):
+        c = self.config
+        norm = make_norm(c.norm_type, c.norm_epsilon, self.dtype_policy, name)
+        norm.build((None, None, c.hidden_dim))
+        return norm
+
+    def call(self, inputs, training=None):
+        images = inputs["images"] if isinstance(inputs, dict) else inputs
+        vision = self.config.vision
+        images = normalize(check_images(images, vision), vision)
+        x = call_layer(self.patch_embedding, ops.cast(images, self.compute_dtype))
+        if training and self.config.dropout > 0:
+            x = self.embedding_dropout(x, training=training)
+        x = run_blocks(self.blocks, x, None, training=training)
+        return call_layer(self.final_norm, x) if self.final_norm is not None else x
+
+    def pool(self, hidden):
+        """`[B, L, D]` hidden states -> `[B, D]`: the class token's state
+        (`vision.pooling="token"`) or the mean over patch tokens ("mean"),
+        then the pre-logits layer when the config has `pooler=True`."""
+        if self.config.vision.pooling == "token":
+            pooled = hidden[:, 0, :]
+        else:
+            start = int(self.config.vision.class_token)
+            pooled = ops.mean(hidden[:, start:, :], axis=1)
+        return self.pooler(pooled) if self.pooler is not None else pooled
+
+
+@serializable
+class ViTClassifier(TaskModel):
+    """Image classification with a ViT backbone.
+
+    Args:
+        backbone: a `ViTBackbone` (or one is built from `config`).
+        num_classes: number of labels.
+        classifier_dropout: dropout before the classifier.
+
+    Call arguments:
+        inputs: the backbone's inputs.
+
+    Returns:
+        `[B, num_classes]` logits.
+    """
+
+    backbone_cls = ViTBackbone
+    task_arguments = ("num_classes", "classifier_dropout")
+
+    def __init__(
+        self, backbone=None, *, num_classes=1000, classifier_dropout=0.0, **kwargs
+    ):
+        super().__init__(backbone, **kwargs)
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
+            )
+        self.num_classes = num_classes
+        self.classifier_dropout = classifier_dropout
+        self.dropout = keras.layers.Dropout(classifier_dropout, dtype=self.dtype_policy)
+        self.classifier = keras.layers.Dense(
+            num_classes,
+            kernel_initializer="zeros",  # ViT's zero-initialised head
+            dtype=self.dtype_policy,
+            name="classifier",
+        )
+        self.classifier.build((None, self.config.hidden_dim))
+
+    def call(self, inputs, training=None):
+        pooled = self.backbone.pool(self.backbone(inputs, training=training))
+        return self.classifier(self.dropout(pooled, training=training))
+
+
+def with_image_size(model, image_size: int):
+    """A copy of a ViT model (backbone or classifier) for `image_size` square
+    images, same weights, position embeddings resized bicubically over the
+    patch grid (class token kept). At the same size the copy is identical.
+
+    Example:
+    >>> small = ViTClassifier.from_preset("vit_tiny_28", num_classes=10)
+    >>> big = with_image_size(small, 56)
+    >>> tuple(big(np.zeros((1, 56, 56, 1), "float32")).shape)
+    (1, 10)
+    """
+    backbone = getattr(model, "backbone", model)
+    config = backbone.config.replace(vision={"image_size": image_size})
+    if model is backbone:
+        new = type(model)(config=config, dtype=model.dtype_policy)
+    else:
+        new = type(model)(
+            config=config,
+            dtype=model.dtype_policy,
+            tokenizer=model.tokenizer,
+            **model.task_config(),
+        )
+    copy_resized_weights(model, new)
+    return new
+
+
+def copy_resized_weights(source, target) -> None:
+    """Copies every weight of `source` into `target` (same class, same
+    config but the image size), resizing the position table."""
+    old = getattr(source, "backbone", source).patch_embedding
+    new = getattr(target, "backbone", target).patch_embedding
+    table = ops.convert_to_numpy(ops.cast(old.position_embeddings, "float32"))
+    resized = resize_grid(table, old.grid, new.grid, int(old.class_token))
+    for a, b in zip(source.weights, target.weights):
+        value = resized if a is old.position_embeddings else a.value
+        b.assign(ops.cast(value, b.dtype))
