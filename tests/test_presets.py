@@ -25,6 +25,14 @@ PUBLISHED = {
     "llama2_13b": (13.0e9, 0.01),
     "llama3_8b": (8.03e9, 0.005),
 }
+# Image classifiers are published with their 1000-class head.
+PUBLISHED_WITH_HEAD = {
+    "vit_tiny_16": (5.7e6, 0.01),
+    "vit_small_16": (22e6, 0.01),
+    "vit_base_16": (86e6, 0.01),
+    "vit_large_16": (307e6, 0.01),  # the paper's Table 1; HF's checkpoint: 304.3M
+    "vit_huge_14": (632e6, 0.001),
+}
 
 
 def test_every_family_prefix_has_a_tiny_preset():
@@ -40,13 +48,28 @@ def test_every_family_prefix_has_a_tiny_preset():
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_preset_validates_and_params_match(name):
     data = presets._builtin(name)
-    assert set(data) == {"family", "config", "metadata"}
+    assert (
+        {"family", "config", "metadata"}
+        <= set(data)
+        <= {
+            "family",
+            "config",
+            "metadata",
+            "task",
+        }
+    )
     assert {"description", "params", "reference"} <= set(data["metadata"])
     config = kt.load_config(name)
     assert data["metadata"]["params"] == config.num_params()
     if name in PUBLISHED:
         expected, tol = PUBLISHED[name]
         assert abs(config.num_params() - expected) / expected < tol
+    if "num_classes" in data.get("task", {}):  # classifier head: (D + 1) * classes
+        head = (config.hidden_dim + 1) * data["task"]["num_classes"]
+        assert data["metadata"]["params_with_head"] == config.num_params() + head
+    if name in PUBLISHED_WITH_HEAD:
+        expected, tol = PUBLISHED_WITH_HEAD[name]
+        assert abs(data["metadata"]["params_with_head"] - expected) / expected < tol
 
 
 @pytest.mark.parametrize("name", [n for n, p in ALL.items() if p["params"] < 5e6])
@@ -56,6 +79,8 @@ def test_small_presets_build_with_matching_params(name):
     # Trainable weights: MoE layers also hold E + 3 router statistics each.
     trainable = sum(int(np.prod(w.shape)) for w in backbone.trainable_weights)
     assert trainable == ALL[name]["params"]
+    if "params_with_head" in ALL[name]:
+        assert model.count_params() == ALL[name]["params_with_head"]
 
 
 @pytest.mark.large
