@@ -1,5 +1,5 @@
 """Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``,
-``bench_seq2seq.py``, ``bench_mixtral.py``):
+``bench_seq2seq.py``, ``bench_mixtral.py``, ``bench_vit.py``):
 the command line, environment facts, the Keras optimizer and loss, the
 contender interface and its Keras and Hugging Face bases, the
 alternating-rounds timing harness, and the results table and JSON file. Not a
@@ -220,6 +220,9 @@ class HFContender(Contender):
 
     def long(self, a):
         return self.torch.as_tensor(np.asarray(a), dtype=self.torch.long)
+
+    def float32(self, a):
+        return self.torch.as_tensor(np.asarray(a), dtype=self.torch.float32)
 
     def params(self):
         return sum(p.numel() for p in self.model.parameters())  # tied: counted once
