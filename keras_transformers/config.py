@@ -23,6 +23,11 @@ Glossary (ours -> paper / Hugging Face):
 ``sliding_window``      sliding_window (Mistral / Mixtral)
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
+``moe.num_experts``     num_local_experts (Mixtral)
+``vision.image_size``   image_size (ViT); ``patch_size``, ``num_channels`` alike
+``vision.rescale``      rescale_factor (HF image processor)
+``vision.mean / std``   image_mean / image_std (HF image processor)
+``pooler``              ViT's pre-logits layer / HF ViTModel's pooler
 =====================  ==========================================================
 """
 
@@ -113,6 +118,8 @@ class VisionConfig(_Group):
         image_size: input height and width in pixels (square images).
         patch_size: patch height and width; must divide `image_size`.
         num_channels: input channels (3 for RGB, 1 for grey).
+            The model's token count follows the images it is given
+            (`max_sequence_length` does not apply to image models).
         pooling: "token" (class token) or "mean" (mean over patch tokens).
         class_token: prepend a learned class token.
         rescale: input pixels are multiplied by this first (1/255 for a
