@@ -34,6 +34,24 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         _fail(name, value, f"one of {choices}")
 
 
+def _check_numbers(name: str, value: Any, lengths: tuple[int, ...]):
+    """`value` (a number or a list of numbers of one of `lengths`) as a tuple
+    of floats; None stays None."""
+    if value is None:
+        return None
+    values = (value,) if isinstance(value, (int, float)) else value
+    ok = isinstance(values, (list, tuple)) and len(values) in lengths
+    if not ok or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
+        _fail(
+            name,
+            value,
+            f"a number or a list of {' or '.join(map(str, sorted(set(lengths))))} numbers",
+        )
+    return tuple(float(v) for v in values)
+
+
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         _fail(name, value, "True or False")

@@ -41,6 +41,7 @@ from keras_transformers._validation import (
     _check_choice,
     _check_float,
     _check_int,
+    _check_numbers,
     _fail,
     _Group,
 )
@@ -156,25 +157,12 @@ class VisionConfig(_Group):
             _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
         _check_float("vision.rescale", self.rescale, 1e-12)
         for name in ("mean", "std"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            values = (value,) if isinstance(value, (int, float)) else value
-            ok = isinstance(values, (list, tuple)) and len(values) in (
-                1,
-                self.num_channels,
+            values = _check_numbers(
+                f"vision.{name}", getattr(self, name), (1, self.num_channels)
             )
-            ok = ok and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
-            )
-            if not ok or (name == "std" and min(values) <= 0):
-                _fail(
-                    f"vision.{name}",
-                    value,
-                    f"1 or num_channels={self.num_channels} "
-                    + ("positive numbers" if name == "std" else "numbers"),
-                )
-            object.__setattr__(self, name, tuple(float(v) for v in values))
+            if name == "std" and values and min(values) <= 0:
+                _fail("vision.std", self.std, "positive numbers")
+            object.__setattr__(self, name, values)
 
     @property
     def num_patches(self) -> int:
@@ -458,12 +446,4 @@ class TransformerConfig(_Group):
         return f"TransformerConfig({inner})"
 
 
-def human_count(n: int) -> str:
-    """Formats a parameter count: 124439808 -> '124.4M'."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.{1 if n < 100 * size else 0}f}{unit}"
-    return str(n)
-
-
-__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig", "human_count"]
+__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig"]

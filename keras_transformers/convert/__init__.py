@@ -18,7 +18,7 @@ import json
 import warnings
 from pathlib import Path
 
-from keras_transformers.convert import bert, gpt2, llama, marian, mixtral
+from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 
 # model_type -> converter module.
@@ -28,6 +28,7 @@ CONVERTERS = {
     bert.MODEL_TYPE: bert,
     marian.MODEL_TYPE: marian,
     mixtral.MODEL_TYPE: mixtral,
+    vit.MODEL_TYPE: vit,
 }
 
 
@@ -59,9 +60,12 @@ def _read(path: Path):
     return hf, _converter(hf.get("model_type"))
 
 
-def _preset_data(hf: dict, module) -> dict:
+def _preset_data(hf: dict, module, path: Path) -> dict:
     if hasattr(module, "preset_data"):  # families with several task classes
-        return module.preset_data(hf)
+        data = module.preset_data(hf)
+        if hasattr(module, "fit_directory"):  # e.g. ViT's preprocessor_config.json
+            data["config"] = module.fit_directory(data["config"], path)
+        return data
     base = set(hf.get("architectures") or ()) == {module.BASE_ARCHITECTURE}
     return {
         "family": "gpt",
@@ -83,12 +87,16 @@ def hf_preset_data(path) -> dict:
         ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
         `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
-        `MixtralModel`, else `MixtralCausalLM`.
+        `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
+        `ViTForImageClassification`, else `ViTBackbone` (input
+        normalisation from `preprocessor_config.json`, see
+        `keras_transformers.convert.vit`).
 
     Raises:
         ValueError: unknown `model_type`, or an option we cannot convert.
     """
-    return _preset_data(*_read(Path(path)))
+    path = Path(path)
+    return _preset_data(*_read(path), path)
 
 
 def _load_tokenizer(path: Path):
@@ -116,7 +124,8 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
         load_weights: convert the weights; False gives a random init.
         dtype: dtype policy, e.g. "bfloat16".
         **overrides: config fields to change (e.g. `max_sequence_length`;
-            learned position tables are cut or grown to fit), or head
+            learned position tables are cut or grown to fit; a ViT's
+            `image_size`: its position table is resized), or head
             arguments of `cls` (e.g. `num_classes`).
 
     Raises:
@@ -133,7 +142,7 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
 
     path = Path(path)
     hf, module = _read(path)
-    data = _preset_data(hf, module)
+    data = _preset_data(hf, module, path)
     target, saved = _resolve_class(data, cls)
     task = {k: overrides.pop(k) for k in cls_task_arguments(target) if k in overrides}
     task = {**data.get("task", {}), **task} if target is saved else task
@@ -164,15 +173,18 @@ def export_hf(model, directory) -> None:
     `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it
     (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
-    for seq2seq). Rotary GPT models export as "llama", learned-position ones
-    as "gpt2"; BERT-family models as "bert"; seq2seq models as "marian";
-    Mixtral-family models as "mixtral".
+    for seq2seq; `AutoModel` / `AutoModelForImageClassification` for ViT).
+    Rotary GPT models export as "llama", learned-position ones as "gpt2";
+    BERT-family models as "bert"; seq2seq models as "marian"; Mixtral-family
+    models as "mixtral"; ViT-family models as "vit" (plus a
+    `preprocessor_config.json` when the model normalises its inputs).
 
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
             `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout); a
-            `MixtralCausalLM` or `MixtralBackbone`.
+            `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
+            `ViTClassifier`.
         directory: output directory (created if needed).
 
     Raises:
@@ -186,6 +198,9 @@ def export_hf(model, directory) -> None:
         hf, tensors = marian.export(model)
     elif family == "mixtral":
         hf, tensors = mixtral.export(model)
+    elif family == "vit":
+        hf, tensors = vit.export(model)
+        vit.write_preprocessor(backbone.config, directory)
     elif family == "gpt":
         config = backbone.config
         module = llama if config.position_embedding == "rotary" else gpt2
@@ -194,7 +209,7 @@ def export_hf(model, directory) -> None:
     else:
         raise ValueError(
             "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family, "
-            f"seq2seq (Marian) and Mixtral models. Received: {type(model).__name__}."
+            f"seq2seq (Marian), Mixtral and ViT models. Received: {type(model).__name__}."
         )
     write_checkpoint(directory, {**hf, "torch_dtype": "float32"}, tensors)
     tokenizer = getattr(model, "tokenizer", None)
