@@ -11,6 +11,7 @@ Usage::
     keras-transformers train transformer_tiny --source en.txt --target fr.txt \
         --output runs/en_fr        (or --task numbers: no files needed)
     keras-transformers translate runs/en_fr --text "Hello." [--num-beams 4]
+    keras-transformers train vit_mnist_28 --output runs/vit [--images DIR_OR_IDX]
 
 `python -m keras_transformers.cli ...` is the same command. The backend is
 chosen by `KERAS_BACKEND` (jax, tensorflow or torch) as usual for Keras.
@@ -80,13 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser(
         "train",
-        help="train a causal LM (gpt), masked LM (bert) or translation "
-        "(transformer) preset",
+        help="train a causal LM (gpt), masked LM (bert), translation "
+        "(transformer) or image classifier (vit) preset",
         description=(
             "Trains a tokenizer on the text (byte-level BPE for causal LMs, "
             "WordPiece for bert), then the preset's architecture (random init) "
             "on next-token prediction, or masked-token prediction with dynamic "
-            "masking for bert, and saves both with `save_to_preset`."
+            "masking for bert, and saves both with `save_to_preset`. vit "
+            "presets train an image classifier on --images (default: "
+            "Fashion-MNIST)."
         ),
     )
     train.add_argument("preset", help="built-in preset, e.g. gpt_mini or bert_tiny")
@@ -158,8 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from keras_transformers.cli_bert import add_finetune_parser
     from keras_transformers.cli_seq2seq import add_train_arguments, add_translate_parser
+    from keras_transformers.cli_vit import add_train_arguments as add_image_arguments
 
     add_train_arguments(train)
+    add_image_arguments(train)
     add_finetune_parser(commands, _positive_int, _positive_float)
     add_translate_parser(commands, _positive_int, _positive_float)
 
@@ -205,11 +210,8 @@ def _format_table(rows: list[list[str]]) -> str:
 
 
 def _count(n: int) -> str:
-    """A parameter count with one decimal: 124439808 -> '124.4M'.
-
-    Like `keras_transformers.config.human_count`, but keeps the decimal for
-    counts of 100 units and more, so close presets stay distinguishable.
-    """
+    """A parameter count with one decimal: 124439808 -> '124.4M' (also for
+    counts of 100 units and more, so close presets stay distinguishable)."""
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
             return f"{n / size:.1f}{unit}"
@@ -240,13 +242,17 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Runs `train`: `train_model`, `pretrain_bert` for a bert preset, or
-    `train_seq2seq` for a transformer preset (or --source/--target/--task)."""
+    """Runs `train`: `train_model`, `pretrain_bert` for a bert preset,
+    `train_seq2seq` for a transformer preset (or --source/--target/--task),
+    or `train_vit` for a vit preset (or --images)."""
     from keras_transformers.cli_seq2seq import train_seq2seq, wants_seq2seq
+    from keras_transformers.cli_vit import train_vit, wants_vit
     from keras_transformers.presets import list_presets
 
     info = list_presets().get(args.preset, {})
-    if wants_seq2seq(args, info.get("family")):
+    if wants_vit(args, info.get("family")):
+        train_vit(args)
+    elif wants_seq2seq(args, info.get("family")):
         train_seq2seq(args)
     elif info.get("family") == "bert":
         from keras_transformers.cli_bert import pretrain_bert
