@@ -29,7 +29,13 @@ Data comes from the Debian package `dataset-fashion-mnist` when installed
 needs scikit-learn (skipped without it); the plots need matplotlib. Every
 result is also written to `results.json`.
 
-MEASURED
+Measured, one run with the defaults (TensorFlow, 2 CPU cores shared with
+other jobs: load average 1.6-4.5, mean 3.0): test accuracy 89.8% (90.1% at
+the best epoch, 22; training accuracy 95%: it overfits from about epoch 20),
+training time 1185 s. Epochs took 36-46 s at load ~2 and up to 77 s at ~4;
+the fastest seen (29-31 s, with little else running) suggest about 13-14
+minutes on a quiet machine. Digits at 35x35 (1,258 training, 539 test images, 15 epochs):
+fine-tuned 98.0%, fine-tuned at 28x28 97.6%, from scratch 85.5%.
 """
 
 import argparse

@@ -34,9 +34,10 @@ from keras_transformers.cli_train import PROG, CLIError, _check_train_args, _opt
 VIT_FAMILY = "vit"
 LABELS_FILE = "labels.json"  # the same file `finetune` writes
 # Defaults of `train` for vit presets, used unless the option is given: one
-# epoch is one pass over the images. They make a short run (vit_mnist_28 on
-# Fashion-MNIST: about 86% after 5 epochs, ~3 minutes on two CPU cores with
-# TensorFlow); examples/train_vit.py has the full recipe.
+# epoch is one pass over the images. They make a short run: vit_mnist_28 on
+# Fashion-MNIST reached 86.9% test accuracy after 5 epochs, fit 354 s on two
+# CPU cores shared with other jobs (TensorFlow; load ~3.5). The full recipe,
+# 25 epochs: examples/train_vit.py.
 VIT_DEFAULTS = {"epochs": 5, "batch_size": 128, "learning_rate": 1e-3}
 SHARED_OPTIONS = ("epochs", "batch_size", "learning_rate", "steps_per_epoch")
 
