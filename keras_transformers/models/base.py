@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_transformers.backend import call_layer, concrete_numpy
 from keras_transformers.config import TransformerConfig
-from keras_transformers.layers import SparseMoE, TransformerBlock
+from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
 
 
 def resolve_config(config, fields: dict) -> TransformerConfig:
@@ -238,6 +238,13 @@ class ConfiguredModel(keras.Model):
     and carries the preset entry points."""
 
     family: str = ""
+
+    def _norm(self, name):
+        """A built norm of the config's type over `hidden_dim` features."""
+        c = self.config
+        norm = make_norm(c.norm_type, c.norm_epsilon, self.dtype_policy, name)
+        norm.build((None, None, c.hidden_dim))
+        return norm
 
     def get_config(self):
         return {

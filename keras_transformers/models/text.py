@@ -107,13 +107,6 @@ class TextBackbone(ConfiguredModel):
             self.embedding_norm.build((None, None, d))
         self.embedding_dropout = keras.layers.Dropout(c.dropout, dtype=dtype)
 
-    def _norm(self, name):
-        """A built norm of the config's type over `hidden_dim` features."""
-        c = self.config
-        norm = make_norm(c.norm_type, c.norm_epsilon, self.dtype_policy, name)
-        norm.build((None, None, c.hidden_dim))
-        return norm
-
     def embed(
         self, token_ids, segment_ids=None, start_index=0, training=None, norm=None
     ):

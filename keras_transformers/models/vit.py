@@ -8,7 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers.backend import call_layer
-from keras_transformers.layers import PatchEmbedding, make_norm
+from keras_transformers.layers import PatchEmbedding
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -149,12 +149,6 @@ class ViTBackbone(ConfiguredModel):
             )
             self.pooler.build((None, d))
         self.built = True
-
-    def _norm(self, name):
-        c = self.config
-        norm = make_norm(c.norm_type, c.norm_epsilon, self.dtype_policy, name)
-        norm.build((None, None, c.hidden_dim))
-        return norm
 
     def call(self, inputs, training=None):
         images = inputs["images"] if isinstance(inputs, dict) else inputs
