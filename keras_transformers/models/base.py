@@ -325,6 +325,24 @@ class TaskModel(ConfiguredModel):
         if cls.backbone_cls is not None:
             cls.family = cls.backbone_cls.family
 
+    def _add_classifier(self, num_classes, dropout, kernel_initializer):
+        """Sets `num_classes`, `classifier_dropout` and the built `dropout` +
+        `classifier` (Dense over `hidden_dim`) layers of a classification head."""
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
+            )
+        self.num_classes = num_classes
+        self.classifier_dropout = dropout
+        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.classifier = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=kernel_initializer,
+            dtype=self.dtype_policy,
+            name="classifier",
+        )
+        self.classifier.build((None, self.config.hidden_dim))
+
     def task_config(self) -> dict:
         """The head arguments (`task_arguments`) and their values."""
         return {key: getattr(self, key) for key in self.task_arguments}

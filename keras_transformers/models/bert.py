@@ -138,20 +138,7 @@ class _Classifier(TaskModel):
         self, backbone=None, *, num_classes=2, classifier_dropout=0.1, **kwargs
     ):
         super().__init__(backbone, **kwargs)
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
-            )
-        self.num_classes = num_classes
-        self.classifier_dropout = classifier_dropout
-        self.dropout = keras.layers.Dropout(classifier_dropout, dtype=self.dtype_policy)
-        self.classifier = keras.layers.Dense(
-            num_classes,
-            kernel_initializer=initializer(self.config),
-            dtype=self.dtype_policy,
-            name="classifier",
-        )
-        self.classifier.build((None, self.config.hidden_dim))
+        self._add_classifier(num_classes, classifier_dropout, initializer(self.config))
 
     def _head(self, features, training):
         return self.classifier(self.dropout(features, training=training))

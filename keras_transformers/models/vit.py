@@ -195,20 +195,8 @@ class ViTClassifier(TaskModel):
         self, backbone=None, *, num_classes=1000, classifier_dropout=0.0, **kwargs
     ):
         super().__init__(backbone, **kwargs)
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
-            )
-        self.num_classes = num_classes
-        self.classifier_dropout = classifier_dropout
-        self.dropout = keras.layers.Dropout(classifier_dropout, dtype=self.dtype_policy)
-        self.classifier = keras.layers.Dense(
-            num_classes,
-            kernel_initializer="zeros",  # ViT's zero-initialised head
-            dtype=self.dtype_policy,
-            name="classifier",
-        )
-        self.classifier.build((None, self.config.hidden_dim))
+        # ViT's zero-initialised head.
+        self._add_classifier(num_classes, classifier_dropout, "zeros")
 
     def call(self, inputs, training=None):
         pooled = self.backbone.pool(self.backbone(inputs, training=training))
