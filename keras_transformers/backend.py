@@ -62,6 +62,27 @@ def compile_function(fn, variables, direct_calls=False):
     return fn
 
 
+def in_shape_inference() -> bool:
+    """True while Keras traces a model for its output shapes only (no data).
+
+    `fit()` under `tf.distribute` builds the model from the first batch
+    averaged over the replicas, which turns integer token ids into floats:
+    input checks accept that trace (and cast back) instead of rejecting it.
+    """
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+    return in_symbolic_scope()
+
+
+def scale_loss_for_distribution(value):
+    """`value / replicas` under `tf.distribute` (elsewhere `value`), as
+    Keras' own losses do: the replicas' gradients are summed, so each
+    replica's mean loss must count for its share of the global batch."""
+    from keras.src.losses.loss import scale_loss_for_distribution
+
+    return scale_loss_for_distribution(value)
+
+
 def concrete_numpy(x):
     """`x` as a numpy array when its value is known now (eager execution),
     or None while tracing or compiling (then checks must wait for run time)."""

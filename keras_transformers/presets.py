@@ -162,7 +162,14 @@ def _resolve_class(data: dict, cls):
     return cls, saved_cls
 
 
-def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overrides):
+def load_model(
+    handle,
+    cls=None,
+    load_weights: bool = True,
+    dtype=None,
+    distribution=None,
+    **overrides,
+):
     """Builds the model a preset describes (used by every `from_preset`).
 
     Args:
@@ -171,8 +178,15 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
         load_weights: load the saved or converted weights (built-in presets
             have none: random initialisation).
         dtype: dtype policy, e.g. "bfloat16" or "mixed_bfloat16".
+        distribution: JAX only: `"auto"`, `"data"`, `"model"`, a dict of mesh
+            axis sizes or a `keras.distribution` `DataParallel` / `ModelParallel` (see
+            `keras_transformers.distribution.make_distribution`). It is set as
+            the global distribution (what `fit()` and `generate()` then use)
+            and the weights are created sharded by its layout.
         **overrides: config fields to change.
     """
+    if distribution is not None:
+        _activate_distribution(handle, cls, distribution, overrides)
     kind = _kind(handle)
     if kind == "huggingface":
         from keras_transformers.convert import load_hf_model
@@ -210,6 +224,21 @@ def load_model(handle, cls=None, load_weights: bool = True, dtype=None, **overri
 
         source = with_image_size(source, config.vision.image_size)
     return _convert_between(source, cls, tokenizer, task_args)
+
+
+def _activate_distribution(handle, cls, distribution, overrides):
+    """Makes `distribution` (for the config `handle` and `overrides` give)
+    the global `keras.distribution`."""
+    import keras
+
+    from keras_transformers.distribution import make_distribution
+
+    if isinstance(distribution, (str, dict)):
+        target, _ = _resolve_class(_preset_data(handle), cls)
+        task = cls_task_arguments(target)
+        fields = {k: v for k, v in overrides.items() if k not in task}
+        distribution = make_distribution(load_config(handle, **fields), distribution)
+    keras.distribution.set_distribution(distribution)
 
 
 def _image_size(config):

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers.backend import call_layer, concrete_numpy
+from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
 
@@ -86,6 +86,8 @@ def check_token_ids(
     if not hasattr(token_ids, "dtype"):
         token_ids = np.asarray(token_ids)
     dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    if "float" in dtype and in_shape_inference():
+        token_ids, dtype = ops.cast(token_ids, "int32"), "int32"
     if "int" not in dtype:
         raise ValueError(
             f"`{name}` must be an integer tensor of token ids. Received dtype {dtype}. "

@@ -15,6 +15,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_transformers.backend import scale_loss_for_distribution
+
 
 def check_ignore_class(ignore_class: Any) -> int | None:
     """Validates `ignore_class` (an int or None) and returns it."""
@@ -234,7 +236,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             total = ops.sum(weighted)
             if self.reduction == "sum":
                 return total
-            return safe_divide(total, ops.sum(weights))
+            return scale_loss_for_distribution(safe_divide(total, ops.sum(weights)))
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
