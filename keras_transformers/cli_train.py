@@ -13,7 +13,7 @@ from typing import Any
 
 PROG = "keras-transformers"
 CAUSAL_FAMILIES = ("gpt", "mixtral")
-TRAIN_FAMILIES = (*CAUSAL_FAMILIES, "bert", "transformer")
+TRAIN_FAMILIES = (*CAUSAL_FAMILIES, "bert", "transformer", "vit")
 
 # Defaults of `train`, sized so that `train gpt_mini` takes a few minutes on
 # two CPU cores with the JAX backend.

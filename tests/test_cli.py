@@ -175,7 +175,11 @@ def test_generate_stream_matches_batch(trained, capsys):
 def test_unknown_preset(capsys, tmp_path):
     status, err = _errors(capsys, ["train", "gpt_nope", "--output", str(tmp_path)])
     assert status == 2
-    assert "unknown preset 'gpt_nope'" in err and "gpt_mini" in err
+    assert (
+        "unknown preset 'gpt_nope'" in err
+        and "gpt_mini" in err
+        and "vit_mnist_28" in err
+    )
 
 
 def test_missing_data_file(capsys, tmp_path):
