@@ -110,3 +110,12 @@ def test_auto_mesh_and_expert_axis():
     with pytest.raises(ValueError, match="needs 6 devices"):
         kd.make_distribution(load_config("gpt2_tiny"), {"batch": 3, "model": 2})
     assert os.environ["XLA_FLAGS"].endswith("count=8")
+
+
+def test_saved_preset_loads_sharded(tmp_path):
+    single, x, _ = _build("llama")
+    single.save_to_preset(tmp_path / "preset")
+    expected = single.predict(x, verbose=0)
+    model = type(single).from_preset(tmp_path / "preset", distribution="model")
+    assert kd.variable_layouts(model)["token_embedding/embeddings"] == ("model", None)
+    np.testing.assert_allclose(model.predict(x, verbose=0), expected, atol=2e-5)
