@@ -28,6 +28,7 @@ Glossary (ours -> paper / Hugging Face):
 ``vision.rescale``      rescale_factor (HF image processor)
 ``vision.mean / std``   image_mean / image_std (HF image processor)
 ``pooler``              ViT's pre-logits layer / HF ViTModel's pooler
+``remat``               gradient_checkpointing (HF: a training argument)
 =====================  ==========================================================
 """
 
@@ -212,6 +213,8 @@ class TransformerConfig(_Group):
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer.
+        remat: rematerialise each block in training: store its input only and
+            recompute the rest in the backward pass (less memory, more compute).
         pad_token_id: id used to pad sequences.
         bos_token_id: id that starts a sequence (None if unused); for
             "encoder_decoder", the decoder start token.
@@ -251,6 +254,7 @@ class TransformerConfig(_Group):
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
+    remat: bool = False
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -293,6 +297,7 @@ class TransformerConfig(_Group):
             "logits_bias",
             "scale_embeddings",
             "sinusoidal_interleave",
+            "remat",
         ):
             _check_bool(name, getattr(self, name))
         _check_choice(
@@ -395,12 +400,9 @@ class TransformerConfig(_Group):
                 total += 2 * norm
         else:
             for i in range(self.num_layers):
-                total += attention + 2 * norm
-                total += (
-                    self._moe_params(active)
-                    if self.moe_layer(i)
-                    else self._ffn_params()
-                )
+                moe = self.moe_layer(i)
+                ffn = self._moe_params(active) if moe else self._ffn_params()
+                total += attention + 2 * norm + ffn
             if self.final_norm:
                 total += norm
         if self.pooler:
@@ -429,9 +431,7 @@ class TransformerConfig(_Group):
     def _moe_params(self, active: bool) -> int:
         moe = self.moe
         f = moe.expert_intermediate_dim or self.intermediate_dim
-        expert = (
-            (3 if self.gated_feed_forward else 2) * self.hidden_dim * f
-        )  # no biases
+        expert = (3 if self.gated_feed_forward else 2) * self.hidden_dim * f  # no bias
         experts = moe.num_experts_per_token if active else moe.num_experts
         router = self.hidden_dim * moe.num_experts
         return router + (experts + moe.num_shared_experts) * expert

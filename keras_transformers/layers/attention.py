@@ -43,8 +43,8 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_scaling_factor: rotary position interpolation factor.
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
-            attention dropout is active or the backend would have to
-            repeat K/V heads (TensorFlow with GQA).
+            attention dropout is active, the backend would have to
+            repeat K/V heads (TensorFlow with GQA) or on JAX in float16.
         kernel_initializer: initializer of the projection kernels.
 
     Call arguments:
@@ -256,6 +256,10 @@ class MultiHeadAttention(keras.layers.Layer):
             fused = not dropout_active and (
                 not grouped or backend.supports_native_gqa()
             )
+            # JAX's fused op asks XLA for an F16_F16_F32 dot, which XLA:CPU
+            # (and TPU) reject when compiling: float16 takes the explicit path.
+            half = keras.backend.standardize_dtype(q.dtype) == "float16"
+            fused = fused and not (half and keras.config.backend() == "jax")
         if fused and not dropout_active:
             return backend.dot_product_attention(
                 q, k, v, mask=mask, scale=scale, is_causal=is_causal

@@ -8,6 +8,7 @@ from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.serializable import serializable
+from keras_transformers.memory import rematerialized
 
 
 @serializable
@@ -165,6 +166,16 @@ class TransformerBlock(keras.layers.Layer):
         if not training or self.dropout == 0:
             return x
         return self.dropout_layer(x, training=training)
+
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        """Under a `keras.RematScope` that selects this block (the config's
+        `remat=True`), the whole block is one rematerialised unit (see
+        `keras_transformers.memory.rematerialized`); cached decoding, which
+        needs no gradients, runs as usual."""
+        call = super().rematerialized_call(layer_call, *args, **kwargs)
+        if call is layer_call or kwargs.get("cache") is not None:
+            return layer_call
+        return rematerialized(self, layer_call)
 
     def call(
         self,

@@ -35,7 +35,41 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         self.scale = scale
 
     def call(self, inputs, reverse=False):
-        out = super().call(inputs, reverse=reverse)
+        if self.quantization_mode is not None:  # a direct `layer.call`
+            return self.quantized_call(inputs, reverse=reverse)
+        if reverse and self.reverse_dtype is None:
+            return self._project(inputs)
+        return self._scaled(super().call(inputs, reverse=reverse), reverse)
+
+    def _project(self, hidden):
+        """The LM head, `[B, T, D]` -> `[B, T, V]` logits in the compute dtype.
+        Keras' `Embedding` does not autocast its variables, so its own reverse
+        call would multiply in float32 (and return float32 logits) under a
+        mixed policy; the loss upcasts the logits itself."""
+        dtype = self.compute_dtype
+        kernel = self.embeddings if self.tie_weights else self.reverse_embeddings
+        kernel = ops.cast(kernel, dtype)
+        if self.tie_weights:
+            kernel = ops.transpose(kernel)  # [V, D] -> [D, V]
+        logits = ops.matmul(ops.cast(hidden, dtype), kernel)
+        if self.logit_soft_cap is not None:
+            cap = self.logit_soft_cap
+            logits = ops.tanh(logits / cap) * cap
+        return logits
+
+    def quantized_call(self, inputs, reverse=False):
+        """The quantized (e.g. int8, `model.quantize("int8")`) forward pass;
+        Keras calls it instead of `call` once the layer is quantized."""
+        return self._scaled(super().quantized_call(inputs, reverse=reverse), reverse)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Keras' `ReversibleEmbedding.quantize` (int8: per-row abs-max for
+        the lookup and per-column for an untied LM head). Keras refuses
+        subclasses by default because of custom `call`s; ours applies
+        `scale` in `quantized_call` too."""
+        super().quantize(mode, type_check=False, config=config)
+
+    def _scaled(self, out, reverse):
         if not reverse and self.scale != 1.0:
             out = out * ops.cast(self.scale, out.dtype)
         return out

@@ -133,8 +133,9 @@ class SparseMoE(keras.layers.Layer):
     def build(self, input_shape):
         d, e, f = input_shape[-1], self.num_experts, self.intermediate_dim
         init = self.kernel_initializer
+        # Never autocast: the router multiplies in float32 (see `route`).
         self.router_kernel = self.add_weight(
-            name="router", shape=(d, e), initializer=init
+            name="router", shape=(d, e), initializer=init, autocast=False
         )
         width = 2 * f if self.gated else f
         self.expert_gate_up = self.add_weight(
@@ -191,14 +192,55 @@ class SparseMoE(keras.layers.Layer):
     def apply_experts(self, x, matmul):
         """The expert network on rows `x [M, D]` with `matmul(x, kernels)`
         multiplying each row by its expert's kernel -> `[M, D]`."""
-        gate_up = ops.cast(self.expert_gate_up, self.compute_dtype)
-        hidden = matmul(x, gate_up)  # [M, 2F] or [M, F]
+        hidden = matmul(x, self.expert_kernel("expert_gate_up"))  # [M, 2F] or [M, F]
         if self.gated:
             gate, up = ops.split(hidden, 2, axis=-1)  # split: no zero-filled grads
             hidden = self.activation_fn(gate) * up
         else:
             hidden = self.activation_fn(hidden)
-        return matmul(hidden, ops.cast(self.expert_down, self.compute_dtype))
+        return matmul(hidden, self.expert_kernel("expert_down"))
+
+    def expert_kernel(self, name):
+        """Stacked expert kernel `name` in the compute dtype; int8 kernels are
+        dequantised (`q / scale`, scale `[E, 1, out]`)."""
+        kernel = ops.cast(getattr(self, name), self.compute_dtype)
+        if self.quantization_mode == "int8":
+            scale = getattr(self, f"{name}_scale")
+            kernel = kernel / ops.cast(scale, self.compute_dtype)
+        return kernel
+
+    # --------------------------------------------------------- quantization
+    def quantize(self, mode=None, type_check=True, config=None):
+        """int8 only: each expert kernel becomes int8 with a per-expert,
+        per-output-channel abs-max scale (`q = round(w * scale)`, Keras'
+        convention), dequantised for the expert matmul so every dispatch
+        path works unchanged. The router stays float32. Other modes raise
+        NotImplementedError (`Model.quantize` warns and keeps them float)."""
+        if mode != "int8":
+            raise NotImplementedError(
+                "SparseMoE experts support quantize('int8') only (with abs-max "
+                f"weights whatever the config); they stay float. Received: mode={mode!r}"
+            )
+        for name in ("expert_gate_up", "expert_down"):
+            q, scale = keras.quantizers.abs_max_quantize(
+                getattr(self, name), axis=1, to_numpy=True
+            )  # q [E, in, out] int8, scale [E, 1, out]
+            delattr(self, name)
+            for key, value in ((name, q), (f"{name}_scale", scale)):
+                weight = self.add_weight(
+                    name=key,
+                    shape=tuple(value.shape),
+                    initializer="zeros",
+                    dtype=keras.backend.standardize_dtype(value.dtype),
+                    trainable=False,
+                )
+                weight.assign(value)
+                setattr(self, key, weight)
+        self._is_quantized = True
+        self.dtype_policy = f"int8_from_{self.dtype_policy.name}"
+
+    def _int8_call(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
 
     # ----------------------------------------------------------------- call
     def call(self, x, padding_mask=None, training=None):

@@ -7,10 +7,13 @@ are known from the config), so a fresh model can load weights at once.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
 
+from keras_transformers import lora
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
@@ -187,12 +190,16 @@ def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwarg
     blocks = []
     for i in range(num):
         ff = moe_feed_forward(config, i, dtype) if kwargs.get("causal") else None
-        block = TransformerBlock(
-            **block_kwargs(config, **kwargs),
-            feed_forward=ff,
-            dtype=dtype,
-            name=f"{prefix}_{i}",
-        )
+        name = f"{prefix}_{i}"
+        # `remat`: Keras rematerialises this block (as one unit), not its parts.
+        remat = keras.RematScope("list_of_layers", layer_names=[name])
+        with remat if config.remat else contextlib.nullcontext():
+            block = TransformerBlock(
+                **block_kwargs(config, **kwargs),
+                feed_forward=ff,
+                dtype=dtype,
+                name=name,
+            )
         block.build((None, None, config.hidden_dim), (None, None, config.hidden_dim))
         blocks.append(block)
     return blocks
@@ -248,6 +255,17 @@ class ConfiguredModel(keras.Model):
         norm.build((None, None, c.hidden_dim))
         return norm
 
+    def estimate_memory(self, batch_size, sequence_length=None, optimizer=None, **kw):
+        """`keras_transformers.estimate_memory` for this model's config, its
+        dtype policy and (None) its compiled optimizer, else "adamw"."""
+        from keras_transformers.memory import estimate_memory
+
+        optimizer = optimizer or getattr(self, "optimizer", None) or "adamw"
+        kw.setdefault("dtype", self.dtype_policy.name)
+        return estimate_memory(
+            self.config, batch_size, sequence_length, optimizer=optimizer, **kw
+        )
+
     def get_config(self):
         return {
             "config": self.config.to_dict(),
@@ -272,10 +290,40 @@ class ConfiguredModel(keras.Model):
     def save_to_preset(self, directory):
         """Writes config.json, model.weights.h5, metadata.json and the
         tokenizer assets (if any) to `directory`; `from_preset(directory)`
-        restores everything."""
+        restores everything. A LoRA model is saved merged (a plain preset);
+        a quantized model raises: save it before `quantize()`."""
         from keras_transformers import presets
 
+        lora.check_savable(self)
         presets.save_model(self, directory)
+
+    # ----------------------------------- LoRA and quantization (see lora.py)
+    def enable_lora(self, rank, target=("query", "value"), alpha=None):
+        """Adds LoRA adapters (kernel + `alpha / rank * A @ B`; alpha defaults
+        to rank) to the projections named in `target` ("query", "key",
+        "value", "attention_output", "intermediate", "gate", "output") and
+        freezes all other weights but a fresh `classifier` head. `compile()`
+        again before `fit()`."""
+        lora.enable_lora(self, rank, target, alpha)
+
+    def merge_lora(self):
+        """Folds the LoRA update into the kernels: a plain model again."""
+        lora.merge_lora(self)
+
+    def save_lora_weights(self, path):
+        """Writes only the adapter (LoRA `A`, `B`, a trainable head) to `.npz`."""
+        lora.save_lora_weights(self, path)
+
+    def load_lora_weights(self, path):
+        """Loads `save_lora_weights` output after the same `enable_lora`."""
+        lora.load_lora_weights(self, path)
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize` (e.g. "int8"), MoE experts included."""
+        keras_quantize = super().quantize
+        lora.quantize(
+            self, keras_quantize, mode, config=config, filters=filters, **kwargs
+        )
 
 
 class TaskModel(ConfiguredModel):

@@ -19,7 +19,7 @@ from keras_transformers.training.callbacks import (
 )
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformers.training.metrics import MaskedAccuracy, Perplexity
-from keras_transformers.training.optimizers import transformer_adam
+from keras_transformers.training.optimizers import PerUpdateSchedule, transformer_adam
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,
     WarmupCosineDecay,
@@ -31,6 +31,7 @@ __all__ = [
     "InverseSquareRootSchedule",
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
+    "PerUpdateSchedule",
     "Perplexity",
     "ThroughputCallback",
     "WarmupCosineDecay",

@@ -1,15 +1,18 @@
-"""Training throughput and model-FLOPs-utilisation (MFU) measurement."""
+"""Training throughput and model-FLOPs-utilisation (MFU) measurement.
+
+`training_flops_per_token` lives in `keras_transformers.memory` (with the
+memory estimator) and is re-exported here.
+"""
 
 from __future__ import annotations
 
 import numbers
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 
-if TYPE_CHECKING:
-    from keras_transformers.config import TransformerConfig
+from keras_transformers.memory import training_flops_per_token
 
 
 def _positive(name: str, value: Any, integer: bool) -> Any:
@@ -18,74 +21,6 @@ def _positive(name: str, value: Any, integer: bool) -> Any:
         what = "a positive integer" if integer else "a positive number"
         raise ValueError(f"`{name}` must be {what}. Received: {name}={value!r}")
     return int(value) if integer else float(value)
-
-
-def training_flops_per_token(config: TransformerConfig, sequence_length: int) -> float:
-    """Training FLOPs per token: `6 * N + 12 * L * D * T` (Kaplan et al. 2020).
-
-    `6 * N` covers the forward (2N) and backward (4N) matmuls of the weights;
-    `12 * L * D * T` covers the attention scores and weighted sum
-    (`QK^T` and `AV`) over a context of `T` tokens in `L` attention layers.
-    This is the convention of the PaLM MFU definition (causal masking is not
-    discounted).
-
-    What is counted:
-
-    * `N` = non-embedding parameters: `config.num_active_params()` (all
-      parameters for dense models; only the routed top-k plus shared experts
-      for MoE) minus the embedding *lookups*: token embeddings
-      (`vocabulary_size * hidden_dim`), learned position embeddings
-      (`max_sequence_length * hidden_dim` when `position_embedding ==
-      "learned"`; the patch positions and class token for ViT) and segment
-      embeddings (`num_segments * hidden_dim`). An untied LM head stays in
-      `N` (it is a matmul); a tied head is not counted, following Kaplan. The
-      ViT patch projection stays in `N` (it is a matmul).
-    * `D` = the attention width `num_heads * head_dim` (equal to `hidden_dim`
-      unless `head_dim` is set explicitly).
-    * `T` = `sequence_length`, capped at `sliding_window` when one is set.
-    * `L` = attention sub-layers: `num_layers` for "decoder"/"encoder"
-      stacks; `num_layers + 2 * num_decoder_layers` (self- plus
-      cross-attention) for "encoder_decoder", where the result is per target
-      token assuming source and target both have `sequence_length` tokens.
-
-    Args:
-        config: the model's `keras_transformers.config.TransformerConfig`.
-        sequence_length: tokens per training sequence.
-
-    Returns:
-        The FLOPs per trained token, a Python float.
-
-    Example:
-
-    ```python
-    config = TransformerConfig(vocabulary_size=50257, num_layers=12,
-                               hidden_dim=768, num_heads=12,
-                               intermediate_dim=3072)
-    flops = training_flops_per_token(config, sequence_length=1024)
-    # ~ 6 * 85M + 12 * 12 * 768 * 1024 ~= 6.2e8
-    ```
-    """
-    sequence_length = _positive("sequence_length", sequence_length, integer=True)
-    d = config.hidden_dim
-    embeddings = config.num_segments * d
-    if config.vision is not None:
-        vision = config.vision
-        embeddings += (vision.num_patches + int(vision.class_token)) * d
-        embeddings += d if vision.class_token else 0
-    else:
-        embeddings += config.vocabulary_size * d
-        if config.position_embedding == "learned":
-            embeddings += config.max_sequence_length * d
-    non_embedding = config.num_active_params() - embeddings
-    if config.stacks == "encoder_decoder":
-        layers = config.num_layers + 2 * config.resolved_num_decoder_layers
-    else:
-        layers = config.num_layers
-    context = sequence_length
-    if config.sliding_window is not None:
-        context = min(context, config.sliding_window)
-    attention_width = config.num_heads * config.resolved_head_dim
-    return float(6 * non_embedding + 12 * layers * attention_width * context)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformers")
@@ -272,3 +207,6 @@ class ThroughputCallback(keras.callbacks.Callback):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ThroughputCallback:
         return cls(**config)
+
+
+__all__ = ["ThroughputCallback", "training_flops_per_token"]

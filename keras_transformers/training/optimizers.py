@@ -1,10 +1,23 @@
-"""The optimizer of "Attention Is All You Need" in one call."""
+"""The optimizer of "Attention Is All You Need" in one call, and learning
+rate schedules under gradient accumulation.
+
+Gradient accumulation is Keras' own: `gradient_accumulation_steps=k` on any
+Keras optimizer averages the gradients of k calls (micro-batches; with
+`fit`, k batches) and updates the weights on every k-th. Keras counts
+micro-steps in its private `_iterations` and exposes
+`optimizer.iterations = _iterations // k` (real updates, which Adam's bias
+correction uses), but it calls a learning-rate schedule with the micro-step
+count: warmup would end k times too early. `PerUpdateSchedule` (which
+`transformer_adam(..., gradient_accumulation_steps=k)` applies itself) feeds
+the schedule the update count instead.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import keras
+from keras import ops
 
 from keras_transformers.training.schedules import InverseSquareRootSchedule
 
@@ -30,7 +43,9 @@ def transformer_adam(
         scale: constant factor on the learning rate (> 0).
         **kwargs: further `keras.optimizers.Adam` arguments (e.g.
             `clipnorm`, `weight_decay`), which may also override `beta_1`,
-            `beta_2` or `epsilon`. `learning_rate` is not accepted.
+            `beta_2` or `epsilon`. `learning_rate` is not accepted. With
+            `gradient_accumulation_steps=k` the schedule counts real updates
+            (see `PerUpdateSchedule`).
 
     Returns:
         A `keras.optimizers.Adam`; it serializes with the model (the schedule
@@ -44,6 +59,7 @@ def transformer_adam(
     >>> round(float(optimizer.learning_rate), 10)  # 512**-0.5 * 4000**-1.5
     1.747e-07
     """
+    steps = kwargs.get("gradient_accumulation_steps")
     if "learning_rate" in kwargs:
         raise ValueError(
             "`transformer_adam` sets the learning rate from `hidden_dim`, "
@@ -53,4 +69,56 @@ def transformer_adam(
     schedule = InverseSquareRootSchedule(
         hidden_dim=hidden_dim, warmup_steps=warmup_steps, scale=scale
     )
+    if steps:
+        schedule = PerUpdateSchedule(schedule, steps)
     return keras.optimizers.Adam(learning_rate=schedule, **{**PAPER_ADAM, **kwargs})
+
+
+@keras.saving.register_keras_serializable(package="keras_transformers")
+class PerUpdateSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` advanced once per weight update under gradient accumulation.
+
+    Keras calls a schedule with its micro-step counter; this wrapper calls
+    `schedule(step // gradient_accumulation_steps)`, so step `u` of the
+    schedule is the `u`-th real update (`optimizer.iterations`).
+
+    Args:
+        schedule: a `LearningRateSchedule` (e.g. `WarmupCosineDecay`).
+        gradient_accumulation_steps: the optimizer's
+            `gradient_accumulation_steps` (an integer >= 1).
+
+    Example:
+
+    ```python
+    schedule = WarmupCosineDecay(3e-4, warmup_steps=100, decay_steps=1000)
+    optimizer = keras.optimizers.AdamW(
+        PerUpdateSchedule(schedule, 4), gradient_accumulation_steps=4
+    )
+    ```
+    """
+
+    def __init__(self, schedule, gradient_accumulation_steps: int) -> None:
+        if isinstance(schedule, dict):
+            schedule = keras.saving.deserialize_keras_object(schedule)
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            raise TypeError(
+                "`schedule` must be a keras.optimizers.schedules."
+                f"LearningRateSchedule. Received: {type(schedule).__name__}"
+            )
+        steps = gradient_accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                "`gradient_accumulation_steps` must be an integer >= 1. "
+                f"Received: gradient_accumulation_steps={steps!r}"
+            )
+        self.schedule = schedule
+        self.gradient_accumulation_steps = steps
+
+    def __call__(self, step: Any) -> Any:
+        return self.schedule(ops.floor_divide(step, self.gradient_accumulation_steps))
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "schedule": keras.saving.serialize_keras_object(self.schedule),
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
