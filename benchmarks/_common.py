@@ -417,15 +417,15 @@ def ratio_table(results, rows, firsts=(), extra=()):
     return ratios
 
 
-def print_table(lines):
-    """Prints `lines` (header first) as an aligned text table."""
+def print_table(lines, note="(speed ratio > 1: ours is faster)"):
+    """Prints `lines` (header first) as an aligned text table, then `note`."""
     widths = [max(len(str(r[i])) for r in lines) for i in range(len(lines[0]))]
     print()
     for i, line in enumerate(lines):
         print(" | ".join(str(v).ljust(w) for v, w in zip(line, widths)))
         if i == 0:
             print("-+-".join("-" * w for w in widths))
-    print("(speed ratio > 1: ours is faster)")
+    print(note)
 
 
 # --------------------------------------------------------------- results

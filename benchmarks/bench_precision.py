@@ -60,6 +60,7 @@ from _common import (
     keras_loss,
     keras_optimizer,
     print_meta,
+    print_table,
     record_train,
     run_meta,
     setup_torch,
@@ -185,13 +186,9 @@ def report(results, layouts):
                     fmt(r.get("final_loss"), ".3f"),
                 ]
             )
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(lines[0]))]
-    print()
-    for i, row in enumerate(lines):
-        print(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)))
-        if i == 0:
-            print("-+-".join("-" * w for w in widths))
-    print("(speed-up = float32 s/step / policy s/step; > 1: the policy is faster)")
+    print_table(
+        lines, "(speed-up = float32 s/step / policy s/step; > 1: the policy is faster)"
+    )
     return speedups
 
 
