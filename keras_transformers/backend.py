@@ -9,6 +9,9 @@ from __future__ import annotations
 import keras
 
 _DIRECT_CALLS = [False]
+# Variable id -> its torch tensor, for the duration of one eager decoding call
+# (see `compile_function`): reading `Variable.value` costs ~10 us on PyTorch.
+_VALUES = [None]
 
 
 def call_layer(layer, *args, **kwargs):
@@ -30,7 +33,9 @@ def compile_function(fn, variables, direct_calls=False):
     `tf.function(jit_compile=True)` (XLA). PyTorch: eager under
     `torch.no_grad()` (no autograd bookkeeping per token) and, with
     `direct_calls=True` (only for models whose compute and variable dtypes
-    agree: no autocasting needed), `call_layer` runs `layer.call` directly.
+    agree: no autocasting needed), `call_layer` runs `layer.call` directly
+    and the fast paths below read each variable's tensor from a snapshot
+    taken once per call (weights do not change while decoding).
     """
     backend = keras.config.backend()
     if backend == "jax":
@@ -50,16 +55,44 @@ def compile_function(fn, variables, direct_calls=False):
         import torch
 
         def no_grad(*args):
-            previous = _DIRECT_CALLS[0]
+            previous = _DIRECT_CALLS[0], _VALUES[0]
             _DIRECT_CALLS[0] = direct_calls
+            if direct_calls:
+                _VALUES[0] = {id(v): v.value for v in variables}
             try:
                 with torch.no_grad():
                     return fn(*args)
             finally:
-                _DIRECT_CALLS[0] = previous
+                _DIRECT_CALLS[0], _VALUES[0] = previous
 
         return no_grad
     return fn
+
+
+def eager_loops() -> bool:
+    """Whether decode loops run as Python loops (PyTorch, eager): their
+    position index then stays a Python int, which keeps Keras' `ops.slice`
+    on its fast path and spares tensor arithmetic per token."""
+    return keras.config.backend() == "torch"
+
+
+def loop_index(value: int):
+    """A decode-loop position: a Python int where loops run eagerly (see
+    `eager_loops`), else an int32 scalar tensor, so one compiled program
+    serves every start position."""
+    return int(value) if eager_loops() else keras.ops.convert_to_tensor(value, "int32")
+
+
+def while_loop(cond, body, loop_vars):
+    """`keras.ops.while_loop`, except that eager loops (PyTorch) leave the
+    loop variables as they are (Keras converts them to tensors, turning a
+    Python-int index into a tensor)."""
+    if not eager_loops():
+        return keras.ops.while_loop(cond, body, loop_vars)
+    loop_vars = tuple(loop_vars)
+    while bool(cond(*loop_vars)):
+        loop_vars = tuple(body(*loop_vars))
+    return loop_vars
 
 
 def in_shape_inference() -> bool:
@@ -110,25 +143,22 @@ def supports_native_gqa() -> bool:
 def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=False):
     """Fused attention on `[B, T, N, H]` queries and `[B, S, K, H]` keys/values.
 
-    PyTorch: `scaled_dot_product_attention(..., enable_gqa=True)`, which
-    Keras' own op lacks (it repeats K/V). Elsewhere:
+    PyTorch: `scaled_dot_product_attention` called directly, with
+    `enable_gqa=True` for grouped K/V heads (Keras' op repeats them) and
+    without Keras' per-call dtype and flash-attention checks. Elsewhere:
     `keras.ops.dot_product_attention`. `mask` is boolean, True = attend,
     broadcastable to `[B, N, T, S]`.
     """
-    if keras.config.backend() != "torch" or query.shape[2] == key.shape[2]:
+    if keras.config.backend() != "torch":
         return keras.ops.dot_product_attention(
             query, key, value, mask=mask, scale=scale, is_causal=is_causal
         )
     import torch
 
-    q, k, v = (
-        keras.ops.convert_to_tensor(t).transpose(1, 2) for t in (query, key, value)
-    )
+    q, k, v = (_torch_tensor(t).transpose(1, 2) for t in (query, key, value))
     if mask is not None:  # additive and finite: fully masked rows stay finite
-        mask = keras.ops.convert_to_tensor(mask).to(torch.bool)
-        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-            ~mask, torch.finfo(q.dtype).min
-        )
+        mask = _torch_tensor(mask).to(torch.bool)
+        mask = torch.where(mask, 0.0, torch.finfo(q.dtype).min).to(q.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         q,
         k,
@@ -136,7 +166,7 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
         attn_mask=mask,
         is_causal=is_causal and mask is None,
         scale=scale,
-        enable_gqa=True,
+        enable_gqa=q.shape[1] != k.shape[1],
     )
     return out.transpose(1, 2)
 
@@ -216,6 +246,73 @@ def grouped_matmul(x, kernels, group_sizes):
     raise NotImplementedError(f"No grouped matmul on {backend}; use the block layout.")
 
 
+def _torch_tensor(x):
+    """A torch tensor as it is; anything else (a Keras variable, an array)
+    through `convert_to_tensor` (which applies autocasting)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    value = None if _VALUES[0] is None else _VALUES[0].get(id(x))
+    return keras.ops.convert_to_tensor(x) if value is None else value
+
+
+def value(variable):
+    """`keras.ops.convert_to_tensor(variable)`; while PyTorch decodes eagerly
+    (see `compile_function`), the tensor from that call's weight snapshot."""
+    if keras.config.backend() == "torch":
+        return _torch_tensor(variable)
+    return keras.ops.convert_to_tensor(variable)
+
+
+def linear(x, kernel, bias, contracted):
+    """`x [..., C_1..C_n] @ kernel [C_1..C_n, O_1..O_m] + bias [O_1..O_m]`
+    (`n = contracted`; bias may be None) -> `[..., O_1..O_m]`, as one
+    PyTorch `linear` (the bias added inside the matrix product) over the
+    flattened `C` and `O` axes. None where that does not apply (other
+    backends, or operands of different dtypes, whose promotion the caller's
+    Keras op handles): the caller then computes it with Keras ops."""
+    if keras.config.backend() != "torch":
+        return None
+    import math
+
+    import torch
+
+    x, kernel = _torch_tensor(x), _torch_tensor(kernel)
+    bias = None if bias is None else _torch_tensor(bias)
+    if x.dtype != kernel.dtype or (bias is not None and bias.dtype != x.dtype):
+        return None
+    inner, outer = kernel.shape[:contracted], kernel.shape[contracted:]
+    c, o = math.prod(inner), math.prod(outer)
+    if contracted > 1:
+        x = x.reshape(*x.shape[:-contracted], c)
+    if bias is not None:
+        bias = bias.reshape(o)
+    out = torch.nn.functional.linear(x, kernel.reshape(c, o).T, bias)
+    return out if len(outer) == 1 else out.reshape(*out.shape[:-1], *outer)
+
+
+def norm(x, weight, bias, epsilon, rms=False):
+    """Layer norm (or RMS norm with `rms=True`) over the last axis on
+    PyTorch (fused `layer_norm`; RMS norm as `x * rsqrt(mean(x^2) + eps)`,
+    Hugging Face's formula), when `x` and the weights are all float32 (no
+    casts needed); None otherwise: the caller then uses Keras' op, which
+    computes half-precision inputs in float32."""
+    if keras.config.backend() != "torch":
+        return None
+    import torch
+
+    x, weight = _torch_tensor(x), _torch_tensor(weight)
+    bias = None if bias is None else _torch_tensor(bias)
+    dtypes = {x.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
+    if dtypes != {torch.float32}:
+        return None
+    if rms:  # torch 2.13's fused CPU rms_norm is ~10x slower without autograd
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return weight * (x * torch.rsqrt(variance + epsilon))
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, epsilon)
+
+
 def update_cache(cache, update, index):
     """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
 
@@ -223,14 +320,14 @@ def update_cache(cache, update, index):
     the whole cache per token; everywhere else this is
     `keras.ops.slice_update`, which XLA performs in place inside loops.
     """
-    update = keras.ops.cast(update, cache.dtype)
     if keras.config.backend() == "torch":
         import torch
 
         if not torch.is_grad_enabled():
             start = int(index)
-            cache[:, start : start + update.shape[1]] = update
+            cache[:, start : start + update.shape[1]] = update  # casts too
             return cache
+    update = keras.ops.cast(update, cache.dtype)
     starts = (0, index) + (0,) * (len(cache.shape) - 2)
     return keras.ops.slice_update(cache, starts, update)
 

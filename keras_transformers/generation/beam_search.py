@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.generation.generate import _compiled
 
 PENALTY_STYLES = ("gnmt", "power")
@@ -178,8 +179,8 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
             )
             return step + 1, sequences, scores, self_cache, finished, is_open
 
-        state = (ops.convert_to_tensor(0, "int32"), sequences, scores, self_cache)
-        state = ops.while_loop(cond, body, state + (finished, is_open))
+        state = (backend.loop_index(0), sequences, scores, self_cache)
+        state = backend.while_loop(cond, body, state + (finished, is_open))
         return state[4][:3]
 
     return run
@@ -304,6 +305,6 @@ def beam_search(
         ops.convert_to_tensor(source_ids, "int32"),
         ops.convert_to_tensor(source_mask, "bool"),
         ops.convert_to_tensor(sequences),
-        ops.convert_to_tensor(max_new_tokens, "int32"),
+        backend.loop_index(max_new_tokens),
     )
     return tuple(np.asarray(ops.convert_to_numpy(x)) for x in out)

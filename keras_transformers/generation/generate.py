@@ -7,7 +7,8 @@ position `i - 1`, keeping prompt tokens where a row's prompt is longer than
 the shortest one. A sliding-window model's rolling cache is filled with a
 bucketed prefix of the shortest prompt only (see `_prefix_length`). Shapes
 are static, so XLA compiles the loop once per bucket (JAX and TensorFlow);
-PyTorch runs it eagerly without autograd.
+PyTorch runs it eagerly without autograd, prefilling only the shortest
+prompt, with a Python-int position (see `backend.while_loop`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.backend import compile_function
 from keras_transformers.generation.sampling import SamplerSpec, next_token
 
@@ -110,14 +112,14 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None):
         batch = token_ids.shape[0]
         previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # [B, 1]
         logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
-        uniform = ops.take(uniforms, index, axis=0)  # [B]
+        uniform = ops.take(uniforms, index, axis=0) if spec.random else None  # [B]
         sampled = next_token(logits[:, 0, :], uniform, spec)  # [B]
         in_prompt = ops.slice(prompt_mask, (0, index), (batch, 1))[:, 0]
         current = ops.slice(token_ids, (0, index), (batch, 1))[:, 0]
         token = ops.where(in_prompt, current, ops.where(done, pad_id, sampled))
         new = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
-        token_ids = ops.slice_update(token_ids, (0, index), token[:, None])
-        generated = ops.slice_update(generated, (0, index), new[:, None])
+        token_ids = backend.update_cache(token_ids, token[:, None], index)
+        generated = backend.update_cache(generated, new[:, None], index)
         finished = index + 1 >= limits
         if stop is not None:
             hit = ops.any(token[:, None] == stop[None, :], axis=-1)
@@ -135,7 +137,11 @@ def _prefix_length(config, min_length):
     sliding window. A rolling (sliding-window) cache must see only real
     tokens, in order, so it prefills a bucketed prefix of the shortest prompt
     (static lengths: one compiled program per bucket); the loop then feeds the
-    remaining prompt tokens one by one, starting at position `prefix + 1`."""
+    remaining prompt tokens one by one, starting at position `prefix + 1`.
+    Eager loops (PyTorch) have no program to share: they prefill exactly the
+    shortest prompt but its last token, as Hugging Face does."""
+    if backend.eager_loops():
+        return min_length - 1
     if config.sliding_window is None:
         return None
     return (min_length - 1) // BUCKET * BUCKET
@@ -171,7 +177,7 @@ def decode_loop(step, token_ids, cache, prompt_mask, limits, uniforms, start, en
             index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
         )
 
-    state = ops.while_loop(cond, body, (start, token_ids, cache, done, generated))
+    state = backend.while_loop(cond, body, (start, token_ids, cache, done, generated))
     return state[1], state[4]
 
 
@@ -264,8 +270,8 @@ def generate(
         )
         out_ids, generated = fn(
             *args,
-            ops.convert_to_tensor(start, "int32"),
-            ops.convert_to_tensor(end, "int32"),
+            backend.loop_index(start),
+            backend.loop_index(end),
         )
     else:
         out_ids, generated = _stream(
@@ -306,7 +312,7 @@ def _stream(model, spec, stop_ids, pad_id, args, start, end, callback, prefix=No
     cache = prefill(token_ids)
     done = ops.zeros((token_ids.shape[0],), "bool")
     generated = ops.zeros(token_ids.shape, "bool")
-    index = ops.convert_to_tensor(start, "int32")
+    index = backend.loop_index(start)
     for i in range(start, end):
         index, token_ids, cache, done, generated = step_c(
             index, token_ids, cache, done, generated, prompt_mask, limits, uniforms

@@ -20,6 +20,7 @@ import inspect
 import numpy as np
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.generation.beam_search import BeamSpec, beam_search
 from keras_transformers.generation.generate import (
     BUCKET,
@@ -255,8 +256,8 @@ def _greedy(
     args = [source_ids, source_mask, token_ids, prompt_mask, limits, uniforms]
     out_ids, generated = fn(
         *[ops.convert_to_tensor(a) for a in args],
-        ops.convert_to_tensor(1, "int32"),
-        ops.convert_to_tensor(max_new + 1, "int32"),
+        backend.loop_index(1),
+        backend.loop_index(max_new + 1),
     )
     out_ids = np.asarray(ops.convert_to_numpy(out_ids))
     generated = np.asarray(ops.convert_to_numpy(generated))

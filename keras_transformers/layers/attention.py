@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
+from keras_transformers.layers.core import EinsumDense
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.serializable import serializable
@@ -123,7 +124,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _projection(self, name, heads):
-        return keras.layers.EinsumDense(
+        return EinsumDense(
             "btd,dnh->btnh",
             output_shape=(None, heads, self.head_dim),
             bias_axes="nh" if self.use_bias else None,
@@ -141,7 +142,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dense.build(key_value_shape)
         self.value_dense.build(key_value_shape)
         out_dim = self.output_dim or query_shape[-1]
-        self.output_dense = keras.layers.EinsumDense(
+        self.output_dense = EinsumDense(
             "btnh,nhd->btd",
             output_shape=(None, out_dim),
             bias_axes="d" if self.use_bias else None,
@@ -156,13 +157,11 @@ class MultiHeadAttention(keras.layers.Layer):
     def process_heads(self, query, key, positions):
         """Hook applied to `query [B, T, N, H]` and `key [B, T, K, H]` before
         attention; rotary positions by default. Override to plug in other
-        relative-position schemes."""
+        relative-position schemes (`positions [T]` or `[B, T]` is then always
+        given; without rotary embedding and an override it may be None)."""
         if self.rotary is None:
             return query, key
-        return (
-            call_layer(self.rotary, query, positions),
-            call_layer(self.rotary, key, positions),
-        )
+        return tuple(self.rotary.rotate((query, key), positions))
 
     def project_key_value(self, key_value):
         """Projects `[B, S, D]` encoder states once into the `(key, value)`
@@ -191,7 +190,8 @@ class MultiHeadAttention(keras.layers.Layer):
             v = call_layer(self.value_dense, source)
         offset = 0 if cache_index is None else cache_index
         if self_attention:
-            if positions is None:
+            custom = type(self).process_heads is not MultiHeadAttention.process_heads
+            if positions is None and (self.rotary is not None or custom):
                 positions = ops.arange(ops.shape(query)[1]) + offset
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
@@ -205,6 +205,14 @@ class MultiHeadAttention(keras.layers.Layer):
                 k = backend.update_cache(cache[0], k, cache_index)  # [B, S_max, K, H]
                 v = backend.update_cache(cache[1], v, cache_index)
                 cache = (k, v)
+                if backend.eager_loops() and isinstance(cache_index, int):
+                    # An eager loop's position is a Python int: attend to the
+                    # filled part of the cache only (no mask for one query).
+                    filled = cache_index + ops.shape(q)[1]
+                    k, v = k[:, :filled], v[:, :filled]
+                    if key_padding_mask is not None:
+                        key_padding_mask = key_padding_mask[:, :filled]
+                    causal = causal and ops.shape(q)[1] > 1
         use_is_causal = (
             causal
             and cache is None

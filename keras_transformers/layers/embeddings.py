@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.layers.serializable import serializable
 
 
@@ -51,7 +52,10 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         kernel = ops.cast(kernel, dtype)
         if self.tie_weights:
             kernel = ops.transpose(kernel)  # [V, D] -> [D, V]
-        logits = ops.matmul(ops.cast(hidden, dtype), kernel)
+        hidden = ops.cast(hidden, dtype)
+        logits = backend.linear(hidden, kernel, None, 1)
+        if logits is None:
+            logits = ops.matmul(hidden, kernel)
         if self.logit_soft_cap is not None:
             cap = self.logit_soft_cap
             logits = ops.tanh(logits / cap) * cap

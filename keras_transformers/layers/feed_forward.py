@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_transformers.backend import call_layer
+from keras_transformers.layers.core import Dense, LayerNormalization, RMSNormalization
 from keras_transformers.layers.serializable import serializable
 
 _ACTIVATIONS = {
@@ -67,7 +68,7 @@ class FeedForward(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def _dense(self, units, name):
-        return keras.layers.Dense(
+        return Dense(
             units,
             use_bias=self.use_bias,
             kernel_initializer=self.kernel_initializer,
@@ -116,7 +117,7 @@ class FeedForward(keras.layers.Layer):
 def make_norm(norm_type: str, epsilon: float, dtype=None, name=None):
     """A LayerNorm (`"layer"`) or RMSNorm (`"rms"`); both compute in float32."""
     if norm_type == "rms":
-        return keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+        return RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
     if norm_type == "layer":
-        return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+        return LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
     raise ValueError(f"Unknown norm_type {norm_type!r}. Expected 'layer' or 'rms'.")

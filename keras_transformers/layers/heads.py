@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformers.layers.core import Dense
 from keras_transformers.layers.feed_forward import activation_fn, make_norm
 from keras_transformers.layers.serializable import serializable
 
@@ -51,7 +52,7 @@ class MaskedLMHead(keras.layers.Layer):
 
     def build(self, hidden_shape, mask_positions_shape=None):
         dim = hidden_shape[-1]
-        self.transform = keras.layers.Dense(
+        self.transform = Dense(
             dim,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,

@@ -202,20 +202,20 @@ def sparse_experts(
     else:
         layout = "grouped" if backend.has_grouped_matmul() else "blocks"
     n, k = ops.shape(expert_ids)
+    if layout != "capacity" and isinstance(n, int) and n * k < num_experts:
+        # Fewer routed assignments than experts (e.g. decoding one token):
+        # each times its own expert's gathered kernel. Cheaper than a
+        # grouped matmul's per-group work or E blocks; same numbers.
+        return gathered_experts(tokens, expert_ids, weights, apply_experts), None
     if (
         layout == "blocks"
         and isinstance(n, int)
         and n <= block_size(n * k, num_experts)
     ):
         # At most one block of tokens (e.g. a decoding step): the blocks
-        # would cost at least E * block >= E * N rows. With fewer routed
-        # assignments than experts, multiply each by its own expert's
-        # (gathered) kernel; otherwise every expert on every token is
-        # cheaper. Same numbers either way.
-        if n * k < num_experts:
-            out = gathered_experts(tokens, expert_ids, weights, apply_experts)
-        else:
-            out = dense_experts(tokens, expert_ids, weights, apply_experts, num_experts)
+        # would cost at least E * block >= E * N rows, more than every
+        # expert on every token. Same numbers.
+        out = dense_experts(tokens, expert_ids, weights, apply_experts, num_experts)
         return out, None
     plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
     rows = apply_experts(plan.gather(tokens), plan.matmul)

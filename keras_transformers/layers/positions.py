@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.layers.serializable import serializable
 
 
@@ -40,9 +41,14 @@ class RotaryEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, x, positions=None):
-        head_dim = x.shape[-1]
+        return self.rotate((x,), positions)[0]
+
+    def rotate(self, tensors, positions=None):
+        """Rotates each `[B, T, *, H]` tensor of `tensors` (e.g. queries and
+        keys) by `positions`, computing the angles once for all of them."""
+        head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
         if positions is None:
-            positions = ops.arange(ops.shape(x)[1])
+            positions = ops.arange(length)
         positions = ops.cast(positions, "float32") / self.scaling_factor
         exponent = ops.arange(0, head_dim, 2, dtype="float32") / head_dim
         inverse_freq = 1.0 / ops.power(self.max_wavelength, exponent)  # [H/2]
@@ -52,10 +58,13 @@ class RotaryEmbedding(keras.layers.Layer):
             angles = angles[None]  # [1, T, H]
         cos = ops.cos(angles)[:, :, None, :]  # [B|1, T, 1, H]
         sin = ops.sin(angles)[:, :, None, :]
-        x32 = ops.cast(x, "float32")
         half = head_dim // 2
-        rotated = ops.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-        return ops.cast(x32 * cos + rotated * sin, x.dtype)
+        out = []
+        for x in tensors:
+            x32 = ops.cast(x, "float32")
+            rotated = ops.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+            out.append(ops.cast(x32 * cos + rotated * sin, x.dtype))
+        return out
 
     def get_config(self):
         config = super().get_config()
@@ -141,7 +150,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, x, start_index=0):
         length = ops.shape(x)[1]
-        table = ops.convert_to_tensor(self.embeddings)
+        table = backend.value(self.embeddings)
         rows = ops.slice(table, (start_index, 0), (length, table.shape[-1]))
         return ops.cast(rows[None], x.dtype)
 

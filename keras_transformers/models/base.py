@@ -17,6 +17,7 @@ from keras_transformers import lora
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
+from keras_transformers.layers.core import Dense
 
 
 def resolve_config(config, fields: dict) -> TransformerConfig:
@@ -385,7 +386,7 @@ class TaskModel(ConfiguredModel):
         self.num_classes = num_classes
         self.classifier_dropout = dropout
         self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.classifier = keras.layers.Dense(
+        self.classifier = Dense(
             num_classes,
             kernel_initializer=kernel_initializer,
             dtype=self.dtype_policy,

@@ -3,9 +3,9 @@ embeddings, a tanh pooler, and masked-LM / classification heads."""
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 
+from keras_transformers.layers.core import Dense
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -49,7 +49,7 @@ class BertBackbone(TextBackbone):
         config = self.config
         self.pooler = None
         if config.pooler:
-            self.pooler = keras.layers.Dense(
+            self.pooler = Dense(
                 config.hidden_dim,
                 activation="tanh",
                 kernel_initializer=initializer(config),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from keras_transformers.backend import call_layer
 from keras_transformers.models.base import TaskModel
 from keras_transformers.training.router import RouterMetrics, moe_layers
 
@@ -45,7 +46,9 @@ class CausalLM(TaskModel):
     def call_with_cache(self, token_ids, cache, cache_index):
         """One decoding step: `[B, T]` ids at `cache_index` -> logits
         `[B, T, V]` and the updated cache. The same `call()` path as training."""
-        hidden, cache = self.backbone(token_ids, cache=cache, cache_index=cache_index)
+        hidden, cache = call_layer(
+            self.backbone, token_ids, cache=cache, cache_index=cache_index
+        )
         return self.backbone.logits(hidden), cache
 
     def generate(self, prompts, **kwargs):

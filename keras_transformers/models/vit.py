@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_transformers.backend import call_layer
 from keras_transformers.layers import PatchEmbedding
+from keras_transformers.layers.core import Dense
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -140,7 +141,7 @@ class ViTBackbone(ConfiguredModel):
         self.final_norm = self._norm("final_norm") if config.final_norm else None
         self.pooler = None
         if config.pooler:  # the paper's pre-logits layer (HF ViTModel's pooler)
-            self.pooler = keras.layers.Dense(
+            self.pooler = Dense(
                 d,
                 activation="tanh",
                 kernel_initializer=initializer(config),

@@ -1,0 +1,114 @@
+"""The Keras core layers with PyTorch's fused kernels (`layers/core.py`) give
+Keras' numbers, gradients and dtypes on every backend; the eager decode-loop
+helpers of `backend.py` behave like `keras.ops.while_loop`."""
+
+import keras
+import numpy as np
+import pytest
+from contracts import assert_close, to_numpy
+
+from keras_transformers import backend
+from keras_transformers.layers import core
+
+PAIRS = [
+    # (ours, Keras', constructor kwargs, input shape)
+    (core.Dense, keras.layers.Dense, dict(units=12, activation="relu"), (3, 5, 8)),
+    (core.Dense, keras.layers.Dense, dict(units=12, use_bias=False), (3, 5, 8)),
+    (
+        core.EinsumDense,
+        keras.layers.EinsumDense,
+        dict(equation="btd,dnh->btnh", output_shape=(None, 2, 6), bias_axes="nh"),
+        (3, 5, 8),
+    ),
+    (
+        core.EinsumDense,
+        keras.layers.EinsumDense,
+        dict(equation="btnh,nhd->btd", output_shape=(None, 8), bias_axes="d"),
+        (3, 5, 2, 6),
+    ),
+    (  # not a flattened product: Keras' own einsum path
+        core.EinsumDense,
+        keras.layers.EinsumDense,
+        dict(equation="btd,dnh->bnth", output_shape=(2, None, 6)),
+        (3, 5, 8),
+    ),
+    (core.LayerNormalization, keras.layers.LayerNormalization, {}, (3, 5, 8)),
+    (core.RMSNormalization, keras.layers.RMSNormalization, {}, (3, 5, 8)),
+]
+
+
+def _pair(ours_cls, keras_cls, kwargs, shape, rng, dtype=None):
+    ours, ref = ours_cls(dtype=dtype, **kwargs), keras_cls(dtype=dtype, **kwargs)
+    ours.build(shape), ref.build(shape)
+    weights = [rng.normal(size=w.shape).astype("float32") for w in ref.weights]
+    ref.set_weights(weights), ours.set_weights(weights)
+    return ours, ref
+
+
+@pytest.mark.parametrize("ours_cls, keras_cls, kwargs, shape", PAIRS)
+def test_same_outputs_and_training_as_keras(ours_cls, keras_cls, kwargs, shape, rng):
+    ours, ref = _pair(ours_cls, keras_cls, kwargs, shape, rng)
+    x = rng.normal(size=shape).astype("float32")
+    assert_close(ours(x), ref(x), atol=1e-5)
+    assert_close(ours.call(x), ref(x), atol=1e-5)  # the direct call of decoding
+    # Gradients: two SGD steps on a squared-output loss move both alike.
+    trained, y = [], np.zeros_like(to_numpy(ref(x)))
+    for layer in (ours, ref):
+        model = keras.Sequential([keras.Input(shape[1:]), layer])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        model.fit(x, y, epochs=2, batch_size=shape[0], verbose=0)
+        trained.append(layer.get_weights())
+    for a, b in zip(*trained):
+        assert_close(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("ours_cls, keras_cls, kwargs, shape", PAIRS)
+def test_mixed_precision_dtypes_match_keras(ours_cls, keras_cls, kwargs, shape, rng):
+    ours, ref = _pair(ours_cls, keras_cls, kwargs, shape, rng, "mixed_bfloat16")
+    x = rng.normal(size=shape).astype("float32")
+    out, expected = ours(x), ref(x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    assert out.dtype == expected.dtype
+    assert_close(
+        keras.ops.cast(out, "float32"), keras.ops.cast(expected, "float32"), atol=0.1
+    )
+    spec = ours.compute_output_spec(keras.KerasTensor(shape, "float32"))
+    assert spec.dtype == ref.compute_output_spec(keras.KerasTensor(shape)).dtype
+
+
+def test_int8_quantized_dense_matches_keras(rng):
+    ours, ref = _pair(core.Dense, keras.layers.Dense, dict(units=12), (3, 8), rng)
+    ours.quantize("int8"), ref.quantize("int8")  # Keras refuses subclasses by default
+    x = rng.normal(size=(3, 8)).astype("float32")
+    assert ours.quantization_mode == "int8"
+    assert_close(ours(x), ref(x), atol=1e-6)
+    assert_close(ours.call(x), ref(x), atol=1e-6)  # direct call: quantized too
+
+
+def test_contracted_axes_recognises_flattened_products():
+    axes = core._contracted_axes
+    assert axes("btd,dnh->btnh", "nh") == 1
+    assert axes("btd,dnh->btnh", None) == 1
+    assert axes("btnh,nhd->btd", "d") == 2
+    assert axes("btd,dnh->bnth", None) is None  # output axes reordered
+    assert axes("btd,dnh->btnh", "h") is None  # bias over part of the output
+    assert axes("btd,ndh->btnh", None) is None  # kernel axes in another order
+
+
+def test_eager_while_loop_keeps_python_ints():
+    seen = []
+
+    def cond(i, total):
+        return i < 5
+
+    def body(i, total):
+        seen.append(type(i))
+        return i + 1, total + keras.ops.ones(())
+
+    start = backend.loop_index(2)
+    i, total = backend.while_loop(cond, body, (start, keras.ops.zeros(())))
+    assert int(to_numpy(i)) == 5 and float(to_numpy(total)) == 3.0
+    if backend.eager_loops():  # PyTorch: no tensor conversion per step
+        assert seen == [int, int, int]
+    else:
+        assert not isinstance(start, int)
