@@ -303,7 +303,10 @@ def run_rounds(contenders, first_call, timed_call, repeats, label):
 
     `first_call(c)` is run twice per contender (the first time is reported:
     tracing and compilation included); then `timed_call(c)` (returning
-    seconds) runs once per contender per round, in turn.
+    seconds) runs once per contender per round, in turn. The order rotates
+    every round (A B C, B C A, C A B, ...), so no contender always runs
+    right after the same other one (e.g. after eager PyTorch left the caches
+    cold, or a slow phase of a shared machine).
     """
     first = {}
     for c in contenders:
@@ -312,7 +315,8 @@ def run_rounds(contenders, first_call, timed_call, repeats, label):
         print(f"  [{label}] {c.name}: first call {first[c.name]:.2f}s", flush=True)
     samples = {c.name: [] for c in contenders}
     for r in range(repeats):
-        for c in contenders:
+        shift = r % len(contenders)
+        for c in contenders[shift:] + contenders[:shift]:
             samples[c.name].append(timed_call(c))
         line = ", ".join(f"{c.name} {samples[c.name][-1]:.3f}s" for c in contenders)
         print(f"  [{label}] round {r + 1}/{repeats}: {line}", flush=True)

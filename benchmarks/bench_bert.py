@@ -23,8 +23,8 @@ the masked ones), backward, ``torch.optim.AdamW`` step. Dropout is 0 for all.
 
 The first step of each contender (tracing/compilation included) is timed and
 reported separately; then one more warm-up step is made, and the contenders
-are timed in alternating rounds (A, B, C, A, B, C, ...). Each figure is the
-median over rounds.
+are timed in alternating rounds, the order rotated every round (A B C, B C A,
+...). Each figure is the median over rounds.
 
 Usage::
 

@@ -21,8 +21,8 @@ Measured:
 
 The first call of each contender (tracing/compilation included) is timed and
 reported separately; then one more warm-up call is made, and the contenders
-are timed in alternating rounds (A, B, C, A, B, C, ...). Each figure is the
-median over rounds.
+are timed in alternating rounds, the order rotated every round (A B C, B C A,
+...). Each figure is the median over rounds.
 
 Usage::
 

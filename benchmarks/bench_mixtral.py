@@ -44,8 +44,8 @@ Measured:
 
 The first call of each contender (tracing/compilation included) is timed and
 reported separately; then one more warm-up call is made, and the contenders
-are timed in alternating rounds (A, B, C, ...). Each figure is the median
-over rounds.
+are timed in alternating rounds, the order rotated every round (A B C, B C A,
+...). Each figure is the median over rounds.
 
 Ratios are speed ratios ``ours/X``, as in ``bench_gpt.py``: for training
 X's seconds per step over ours, for generation our tokens/s over X's, so

@@ -2,9 +2,9 @@
 KV cache, the same `call()` as training.
 
 Prompts are right-padded to a bucketed length. One forward pass over the
-whole buffer fills the cache; the loop then produces position `i` from
-position `i - 1`, keeping prompt tokens where a row's prompt is longer than
-the shortest one. A sliding-window model's rolling cache is filled with a
+shortest prompt, rounded up to a bucket, fills the cache; the loop then
+produces position `i` from position `i - 1`, keeping prompt tokens where a
+row's prompt is longer than the shortest one. A sliding-window model's rolling cache is filled with a
 bucketed prefix of the shortest prompt only (see `_prefix_length`). Shapes
 are static, so XLA compiles the loop once per bucket (JAX and TensorFlow);
 PyTorch runs it eagerly without autograd, prefilling only the shortest
@@ -132,18 +132,23 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None):
     return step
 
 
-def _prefix_length(config, min_length):
-    """Positions the prefill writes: None (the whole buffer) without a
-    sliding window. A rolling (sliding-window) cache must see only real
-    tokens, in order, so it prefills a bucketed prefix of the shortest prompt
-    (static lengths: one compiled program per bucket); the loop then feeds the
+def _prefix_length(config, min_length, length):
+    """Positions the prefill writes (None: the whole `length` buffer).
+
+    Without a sliding window, the shortest prompt rounded up to a bucket:
+    positions past a row's prompt hold garbage until the loop writes them,
+    which causal attention never reads early. A rolling (sliding-window)
+    cache must see only real tokens, in order, so it prefills a bucketed
+    prefix of the shortest prompt rounded down; the loop then feeds the
     remaining prompt tokens one by one, starting at position `prefix + 1`.
-    Eager loops (PyTorch) have no program to share: they prefill exactly the
-    shortest prompt but its last token, as Hugging Face does."""
+    Static lengths: one compiled program per bucket. Eager loops (PyTorch)
+    have no program to share: they prefill exactly the shortest prompt but
+    its last token, as Hugging Face does."""
     if backend.eager_loops():
         return min_length - 1
     if config.sliding_window is None:
-        return None
+        prefix = -(-min_length // BUCKET) * BUCKET
+        return None if prefix >= length else prefix
     return (min_length - 1) // BUCKET * BUCKET
 
 
@@ -255,8 +260,9 @@ def generate(
     limits = (lengths + max_new_tokens).astype("int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
     stop_ids = _stop_ids(model, stop_token_ids)
-    prefix = _prefix_length(config, int(lengths.min()))
-    start = int(lengths.min()) if prefix is None else prefix + 1
+    shortest = int(lengths.min())
+    prefix = _prefix_length(config, shortest, length)
+    start = shortest if prefix is None else min(shortest, prefix + 1)
     end = total
     args = [token_ids, prompt_mask, limits, uniforms]
     args = [ops.convert_to_tensor(a) for a in args]

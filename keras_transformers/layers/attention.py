@@ -45,7 +45,8 @@ class MultiHeadAttention(keras.layers.Layer):
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
             attention dropout is active, the backend would have to
-            repeat K/V heads (TensorFlow with GQA) or on JAX in float16.
+            repeat K/V heads (TensorFlow with GQA), or on JAX in float16 or
+            for a single query token (decoding).
         kernel_initializer: initializer of the projection kernels.
 
     Call arguments:
@@ -267,7 +268,10 @@ class MultiHeadAttention(keras.layers.Layer):
             # JAX's fused op asks XLA for an F16_F16_F32 dot, which XLA:CPU
             # (and TPU) reject when compiling: float16 takes the explicit path.
             half = keras.backend.standardize_dtype(q.dtype) == "float16"
-            fused = fused and not (half and keras.config.backend() == "jax")
+            # On JAX one query token (a decoding step) is also 3-9% faster
+            # explicit: the fused op's grouped reshapes cost more than T = 1.
+            one = q.shape[1] == 1
+            fused = fused and not ((half or one) and keras.config.backend() == "jax")
         if fused and not dropout_active:
             return backend.dot_product_attention(
                 q, k, v, mask=mask, scale=scale, is_causal=is_causal
