@@ -78,6 +78,12 @@ parser.add_argument("--finetune-size", type=int, default=35, help="digits size S
 parser.add_argument("--finetune-epochs", type=int, default=15)
 parser.add_argument("--finetune-samples", type=int, help="use N of the 1,797 digits")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument(
+    "--dtype",
+    default=None,
+    help="dtype policy, e.g. mixed_bfloat16 (~1.4x faster on TensorFlow with "
+    "AVX512-BF16 CPUs or on GPUs); default float32",
+)
 parser.add_argument("--output", default="runs/example_vit")
 args = parser.parse_args()
 os.makedirs(args.output, exist_ok=True)
@@ -124,7 +130,7 @@ def compile_model(model, steps, learning_rate):
 #    it runs the same on JAX, TensorFlow and PyTorch) and skips them at
 #    inference; the ViT itself is what we evaluate and save.
 keras.utils.set_random_seed(args.seed)
-model = ViTClassifier.from_preset(args.preset, num_classes=10)
+model = ViTClassifier.from_preset(args.preset, num_classes=10, dtype=args.dtype)
 augment = augmentation(flip=not args.no_flip, translation=args.translation)
 trainer = Augmented(model, augment)
 steps_per_epoch = -(-len(x_train) // args.batch_size)
@@ -271,7 +277,7 @@ if load_digits is not None and args.finetune_epochs > 0:
     ):
         keras.utils.set_random_seed(args.seed)
         digits_model = ViTClassifier.from_preset(
-            source, image_size=image_size, num_classes=10
+            source, image_size=image_size, num_classes=10, dtype=args.dtype
         )
         if source == saved:
             for weight in digits_model.classifier.weights:
