@@ -4,11 +4,12 @@ KV cache, the same `call()` as training.
 Prompts are right-padded to a bucketed length. One forward pass over the
 shortest prompt, rounded up to a bucket, fills the cache; the loop then
 produces position `i` from position `i - 1`, keeping prompt tokens where a
-row's prompt is longer than the shortest one. A sliding-window model's rolling cache is filled with a
-bucketed prefix of the shortest prompt only (see `_prefix_length`). Shapes
-are static, so XLA compiles the loop once per bucket (JAX and TensorFlow);
-PyTorch runs it eagerly without autograd, prefilling only the shortest
-prompt, with a Python-int position (see `backend.while_loop`).
+row's prompt is longer than the shortest one. A sliding-window model's
+rolling cache is filled with a bucketed prefix of the shortest prompt only
+(see `_prefix_length`). Shapes are static, so XLA compiles the loop once per
+bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd,
+prefilling only the shortest prompt, with a Python-int position (see
+`backend.while_loop`).
 """
 
 from __future__ import annotations
