@@ -33,45 +33,44 @@ def _contracted_axes(equation: str, bias_axes) -> int | None:
     return len(contracted)
 
 
-@serializable
-class Dense(keras.layers.Dense):
-    """`keras.layers.Dense`; `[..., D_in] -> [..., units]` with the bias
-    fused into the product on PyTorch."""
+class _FusedProjection:
+    """`call` and `quantize` shared by `Dense` and `EinsumDense`; subclasses
+    say how many trailing input axes they contract (`_contracted`, None:
+    Keras' own arithmetic)."""
 
     def call(self, inputs, training=None):
         if self.quantization_mode is not None:  # a direct `layer.call`
             return self.quantized_call(inputs, training=training)
-        x = backend.linear(inputs, self.kernel, self.bias, 1)
+        x = None
+        if self._contracted is not None:
+            x = backend.linear(inputs, self.kernel, self.bias, self._contracted)
         if x is None:
             return super().call(inputs, training=training)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):
-        """Keras' `Dense.quantize` (it refuses subclasses by default)."""
+        """Keras' `quantize` (it refuses subclasses by default)."""
         super().quantize(mode, type_check=False, config=config)
 
 
 @serializable
-class EinsumDense(keras.layers.EinsumDense):
+class Dense(_FusedProjection, keras.layers.Dense):
+    """`keras.layers.Dense`; `[..., D_in] -> [..., units]` with the bias
+    fused into the product on PyTorch."""
+
+    _contracted = 1
+
+
+@serializable
+class EinsumDense(_FusedProjection, keras.layers.EinsumDense):
     """`keras.layers.EinsumDense`; equations of the form
     `"bt<C>,<C><O>->bt<O>"` (e.g. `"btd,dnh->btnh"`, `[B, T, D] -> [B, T, N, H]`,
     and `"btnh,nhd->btd"`) run as one flattened, bias-fused product on
     PyTorch; other equations as in Keras."""
 
-    def call(self, inputs, training=None):
-        if self.quantization_mode is not None:  # a direct `layer.call`
-            return self.quantized_call(inputs, training=training)
-        contracted = _contracted_axes(self.equation, self.bias_axes)
-        x = None
-        if contracted is not None:
-            x = backend.linear(inputs, self.kernel, self.bias, contracted)
-        if x is None:
-            return super().call(inputs, training=training)
-        return x if self.activation is None else self.activation(x)
-
-    def quantize(self, mode=None, type_check=True, config=None):
-        """Keras' `EinsumDense.quantize` (it refuses subclasses by default)."""
-        super().quantize(mode, type_check=False, config=config)
+    @property
+    def _contracted(self):
+        return _contracted_axes(self.equation, self.bias_axes)
 
 
 class _Float32Norm:
