@@ -1,6 +1,6 @@
 """The Keras core layers with PyTorch's fused kernels (`layers/core.py`) give
 Keras' numbers, gradients and dtypes on every backend; the eager decode-loop
-helpers of `backend.py` behave like `keras.ops.while_loop`."""
+helpers of `backend/` behave like `keras.ops.while_loop`."""
 
 import keras
 import numpy as np

@@ -9,7 +9,7 @@ from contracts import assert_close, gradients, run_layer_test, to_numpy
 
 from keras_transformers import MoEConfig
 from keras_transformers.layers import FeedForward, SparseMoE
-from keras_transformers.layers.moe_dispatch import DispatchPlan
+from keras_transformers.layers.moe_dispatch import DispatchPlan, SortedPlan
 
 D, F = 16, 24
 
@@ -122,7 +122,10 @@ def test_dispatch_layouts_multiply_each_row_by_its_expert(rng, layout):
     x = rng.standard_normal((n, D)).astype("float32")
     kernels = rng.standard_normal((e, D, F)).astype("float32")
     mask = keras.ops.ones((n,), "bool")
-    plan = DispatchPlan(keras.ops.convert_to_tensor(ids), mask, e, layout)
+    if layout == "grouped":
+        plan = SortedPlan(keras.ops.convert_to_tensor(ids), e)
+    else:
+        plan = DispatchPlan(keras.ops.convert_to_tensor(ids), mask, e, layout)
     rows = plan.matmul(plan.gather(keras.ops.convert_to_tensor(x)), kernels)
     weights = rng.random((n, k)).astype("float32")
     expected = sum(

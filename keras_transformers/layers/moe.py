@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformers.backend import call_layer
+from keras_transformers import backend
+from keras_transformers.backend import call_layer, moe as moe_backend
 from keras_transformers.layers.feed_forward import FeedForward, activation_fn
 from keras_transformers.layers.moe_dispatch import (
     dense_experts,
@@ -173,21 +174,18 @@ class SparseMoE(keras.layers.Layer):
     def route(self, tokens, training=None):
         """`tokens [N, D]` -> `(logits [N, E] float32, probs [N, E] float32,
         expert_ids [N, k], weights [N, k] float32)`."""
-        router_in = ops.cast(tokens, "float32")
+        router_in = tokens
         if training and self.router_jitter > 0:
             eps = self.router_jitter
-            router_in = router_in * keras.random.uniform(
-                ops.shape(router_in), 1.0 - eps, 1.0 + eps, seed=self.seed_generator
+            router_in = ops.cast(tokens, "float32") * keras.random.uniform(
+                ops.shape(tokens), 1.0 - eps, 1.0 + eps, seed=self.seed_generator
             )
-        logits = ops.matmul(router_in, ops.cast(self.router_kernel, "float32"))
-        if self.num_experts == 1:
-            probs = ops.ones_like(logits)
-        else:
-            probs = ops.softmax(logits, axis=-1)
-        weights, expert_ids = ops.top_k(probs, self.num_experts_per_token)
-        if self.normalize_router_weights:
-            weights = weights / ops.sum(weights, axis=-1, keepdims=True)
-        return logits, probs, expert_ids, weights
+        return moe_backend.route_top_k(
+            router_in,
+            self.router_kernel,
+            self.num_experts_per_token,
+            self.normalize_router_weights,
+        )
 
     def apply_experts(self, x, matmul):
         """The expert network on rows `x [M, D]` with `matmul(x, kernels)`
@@ -203,7 +201,10 @@ class SparseMoE(keras.layers.Layer):
     def expert_kernel(self, name):
         """Stacked expert kernel `name` in the compute dtype; int8 kernels are
         dequantised (`q / scale`, scale `[E, 1, out]`)."""
-        kernel = ops.cast(getattr(self, name), self.compute_dtype)
+        variable = getattr(self, name)
+        kernel = backend.value(variable)
+        if variable.dtype != self.compute_dtype:
+            kernel = ops.cast(kernel, self.compute_dtype)
         if self.quantization_mode == "int8":
             scale = getattr(self, f"{name}_scale")
             kernel = kernel / ops.cast(scale, self.compute_dtype)
@@ -247,9 +248,8 @@ class SparseMoE(keras.layers.Layer):
         shape = ops.shape(x)
         tokens = ops.reshape(x, (-1, shape[-1]))  # [N, D]
         n = ops.shape(tokens)[0]  # an int, or a tensor in a TF graph with a None batch
-        if padding_mask is None:
-            real = ops.ones((n,), "bool")
-        else:
+        real = None  # all tokens real; made only where needed
+        if padding_mask is not None:
             real = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
         logits, probs, expert_ids, weights = self.route(tokens, training)
         e, k = self.num_experts, self.num_experts_per_token
@@ -266,6 +266,7 @@ class SparseMoE(keras.layers.Layer):
         if self.shared_experts is not None:
             out = out + call_layer(self.shared_experts, tokens)
         if training is not None:
+            real = ops.ones((n,), "bool") if real is None else real
             aux, z = self._router_losses(logits, probs, expert_ids, real)
             if training:
                 if self.router_aux_loss_coef:

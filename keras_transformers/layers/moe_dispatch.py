@@ -9,12 +9,12 @@ expert's rows by that expert's weights only (a grouped matmul), so expert
 FLOPs and activation memory scale with k, not E:
 
 * `backend.grouped_matmul` where the backend has a grouped matmul that
-  pays off (`jax.lax.ragged_dot` on GPU/TPU; a per-expert loop in eager
-  PyTorch);
+  pays off (`jax.lax.ragged_dot` on GPU/TPU, PyTorch's `grouped_mm`, a
+  per-expert loop in eager TensorFlow): `SortedPlan` (one argsort);
 * otherwise `BlockLayout`: pure `keras.ops`, static shapes (XLA): each
   expert's rows are padded to a multiple of a block size, and every block is
   multiplied by its expert's kernel in one batched matmul. Padding adds at
-  most `E * (block - 1)` rows.
+  most `E * (block - 1)` rows (`DispatchPlan`).
 
 With a capacity (`CapacityLayout`) each expert takes at most C assignments
 in `[E, C, D]` buckets; the overflow is dropped (those assignments add
@@ -28,7 +28,7 @@ import math
 
 from keras import ops
 
-from keras_transformers import backend
+from keras_transformers.backend import moe as backend
 
 
 def flatten_assignments(expert_ids, token_mask):
@@ -76,12 +76,13 @@ def block_size(num_assignments, num_experts: int) -> int:
 class DispatchPlan:
     """Where each routed assignment lives in an expert-grouped row space.
 
-    Rows are grouped by expert and the expert network runs on them with a
-    `matmul(rows, kernels)` that multiplies each row by its expert's kernel:
+    Rows are grouped by expert (each assignment's place from its queue
+    rank, no sort) and the expert network runs on them with a
+    `matmul(rows, kernels)` that multiplies each row by its expert's kernel,
+    in pure `keras.ops` with static shapes:
 
-    * "grouped": rows packed by expert (A rows); `backend.grouped_matmul`;
     * "blocks": each expert's rows padded to whole blocks; one batched
-      matmul over blocks with each block's expert kernel (pure `keras.ops`);
+      matmul over blocks with each block's expert kernel;
     * "capacity": `[E, C]` buckets; assignments past an expert's capacity
       are dropped.
 
@@ -89,7 +90,7 @@ class DispatchPlan:
         expert_ids: `[N, k]` chosen experts.
         token_mask: `[N]` bool, True for real tokens.
         num_experts: E.
-        layout: "grouped", "blocks" or "capacity".
+        layout: "blocks" or "capacity".
         capacity: C (layout "capacity").
     """
 
@@ -106,15 +107,10 @@ class DispatchPlan:
             self.matmul = self._bucket_matmul(num_experts, capacity)
             dest = experts * capacity + ranks
         else:
-            if layout == "grouped":
-                sizes, self.num_rows = group_sizes, a
-                host_sizes = backend.group_sizes_for_matmul(group_sizes)
-                self.matmul = lambda x, w: backend.grouped_matmul(x, w, host_sizes)
-            else:
-                block = block_size(a, num_experts)
-                sizes = (group_sizes + block - 1) // block * block
-                self.num_rows = -(-(a + num_experts * (block - 1)) // block) * block
-                self.matmul = self._block_matmul(sizes, block, num_experts)
+            block = block_size(a, num_experts)
+            sizes = (group_sizes + block - 1) // block * block
+            self.num_rows = -(-(a + num_experts * (block - 1)) // block) * block
+            self.matmul = self._block_matmul(sizes, block, num_experts)
             dest = ops.take(ops.cumsum(sizes) - sizes, experts) + ranks
         # Dropped assignments point at a spare row past the end.
         self.dest = ops.where(self.kept, dest, self.num_rows)  # [A]
@@ -168,6 +164,35 @@ class DispatchPlan:
         return ops.sum(ops.cast(lost, "float32")) / total
 
 
+class SortedPlan:
+    """Dropless rows sorted by expert (`backend.expert_groups`: one argsort;
+    `A = N * k` rows); `backend.grouped_matmul` multiplies each expert's
+    consecutive rows by its kernel. Fewer, cheaper ops than `DispatchPlan`'s
+    queue ranks, which only a capacity needs.
+
+    Args:
+        expert_ids: `[N, k]` chosen experts.
+        num_experts: E.
+    """
+
+    def __init__(self, expert_ids, num_experts):
+        self.source, self.inverse, sizes = backend.expert_groups(expert_ids, num_experts)
+        self.matmul = lambda x, w: backend.grouped_matmul(x, w, sizes)
+
+    def gather(self, tokens):
+        """`tokens [N, D]` -> expert rows `[A, D]`."""
+        return backend.take_rows(tokens, self.source)
+
+    def combine(self, rows, weights):
+        """Expert rows `[A, D]` -> `[N, D]`: each token's k rows weighted by
+        `weights [N, k]` and summed."""
+        return backend.combine_rows(rows, self.inverse, weights)
+
+    def dropped_fraction(self):
+        """Dropless: nothing is dropped."""
+        return 0.0
+
+
 def expert_capacity(capacity_factor, num_assignments, num_experts):
     """C = ceil(capacity_factor * A / E), at least 1 (a scalar tensor when A
     is only known at run time)."""
@@ -187,7 +212,7 @@ def sparse_experts(
         expert_ids: `[N, k]` int, chosen experts.
         weights: `[N, k]` combine weights.
         token_mask: `[N]` bool, True for real tokens (padding queues last,
-            so a capacity drops it first).
+            so a capacity drops it first), or None: all real.
         apply_experts: `apply_experts(rows, matmul) -> rows` runs the expert
             network on grouped rows with `matmul(rows, kernels)`.
         num_experts: E.
@@ -202,10 +227,10 @@ def sparse_experts(
     else:
         layout = "grouped" if backend.has_grouped_matmul() else "blocks"
     n, k = ops.shape(expert_ids)
-    if layout != "capacity" and isinstance(n, int) and n * k < num_experts:
+    if layout == "blocks" and isinstance(n, int) and n * k < num_experts:
         # Fewer routed assignments than experts (e.g. decoding one token):
-        # each times its own expert's gathered kernel. Cheaper than a
-        # grouped matmul's per-group work or E blocks; same numbers.
+        # each times its own expert's gathered kernel. Cheaper than E
+        # blocks; same numbers. (A grouped matmul skips empty groups.)
         return gathered_experts(tokens, expert_ids, weights, apply_experts), None
     if (
         layout == "blocks"
@@ -217,7 +242,12 @@ def sparse_experts(
         # expert on every token. Same numbers.
         out = dense_experts(tokens, expert_ids, weights, apply_experts, num_experts)
         return out, None
-    plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
+    if layout == "grouped":
+        plan = SortedPlan(expert_ids, num_experts)
+    else:
+        if token_mask is None:
+            token_mask = ops.ones((n,), "bool")
+        plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
     rows = apply_experts(plan.gather(tokens), plan.matmul)
     return plan.combine(rows, weights), plan
 

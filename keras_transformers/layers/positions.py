@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.layers.serializable import serializable
+
+
+@functools.lru_cache(maxsize=None)
+def inverse_frequencies(head_dim: int, max_wavelength: float):
+    """`1 / max_wavelength ** (2i / H)` for i < H/2, repeated for both halves
+    of a head: `[H]` float32 (a constant: no ops per call)."""
+    exponent = np.arange(0, head_dim, 2, dtype="float32") / np.float32(head_dim)
+    inverse = np.float32(1.0) / np.power(np.float32(max_wavelength), exponent)
+    return np.concatenate([inverse, inverse]).astype("float32")
 
 
 @serializable
@@ -49,21 +61,21 @@ class RotaryEmbedding(keras.layers.Layer):
         head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
         if positions is None:
             positions = ops.arange(length)
-        positions = ops.cast(positions, "float32") / self.scaling_factor
-        exponent = ops.arange(0, head_dim, 2, dtype="float32") / head_dim
-        inverse_freq = 1.0 / ops.power(self.max_wavelength, exponent)  # [H/2]
-        angles = positions[..., None] * inverse_freq  # [T, H/2] or [B, T, H/2]
-        angles = ops.concatenate([angles, angles], axis=-1)  # [..., T, H]
-        if len(angles.shape) == 2:
-            angles = angles[None]  # [1, T, H]
+        positions = ops.cast(positions, "float32")
+        if self.scaling_factor != 1.0:
+            positions = positions / self.scaling_factor
+        angles = positions[..., None] * inverse_frequencies(head_dim, self.max_wavelength)
+        if len(angles.shape) == 2:  # [T, H] or [B, T, H]
+            angles = angles[None]
         cos = ops.cos(angles)[:, :, None, :]  # [B|1, T, 1, H]
         sin = ops.sin(angles)[:, :, None, :]
         half = head_dim // 2
         out = []
         for x in tensors:
-            x32 = ops.cast(x, "float32")
+            x32 = x if x.dtype == cos.dtype else ops.cast(x, "float32")
             rotated = ops.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-            out.append(ops.cast(x32 * cos + rotated * sin, x.dtype))
+            y = x32 * cos + rotated * sin
+            out.append(y if x.dtype == y.dtype else ops.cast(y, x.dtype))
         return out
 
     def get_config(self):

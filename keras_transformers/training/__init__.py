@@ -1,5 +1,6 @@
-"""Training utilities Keras lacks: schedules, the paper's Adam, masked losses
-and metrics, BLEU, checkpoint averaging, and throughput / MFU measurement.
+"""Training utilities Keras lacks: schedules, Adam/AdamW updating in place
+on PyTorch, the paper's Adam, masked losses and metrics, BLEU, checkpoint
+averaging, and throughput / MFU measurement.
 
 Everything here is backend-agnostic (JAX, TensorFlow, PyTorch), works inside
 compiled `model.fit()`, and is registered for `.keras` serialization under
@@ -19,13 +20,20 @@ from keras_transformers.training.callbacks import (
 )
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformers.training.metrics import MaskedAccuracy, Perplexity
-from keras_transformers.training.optimizers import PerUpdateSchedule, transformer_adam
+from keras_transformers.training.optimizers import (
+    Adam,
+    AdamW,
+    PerUpdateSchedule,
+    transformer_adam,
+)
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,
     WarmupCosineDecay,
 )
 
 __all__ = [
+    "Adam",
+    "AdamW",
     "BleuScore",
     "CheckpointAveraging",
     "InverseSquareRootSchedule",

@@ -1,5 +1,6 @@
-"""The optimizer of "Attention Is All You Need" in one call, and learning
-rate schedules under gradient accumulation.
+"""Adam and AdamW updating in place on PyTorch, the optimizer of "Attention
+Is All You Need" in one call, and learning rate schedules under gradient
+accumulation.
 
 Gradient accumulation is Keras' own: `gradient_accumulation_steps=k` on any
 Keras optimizer averages the gradients of k calls (micro-batches; with
@@ -19,10 +20,56 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.training.schedules import InverseSquareRootSchedule
 
 # Section 5.3 of Vaswani et al. (2017).
 PAPER_ADAM = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9}
+
+
+class _InPlaceUpdate:
+    """`update_step` of Keras' Adam, in place on PyTorch (see `Adam`)."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad or not backend.adam_update(
+            variable,
+            gradient,
+            self._momentums[self._get_variable_index(variable)],
+            self._velocities[self._get_variable_index(variable)],
+            learning_rate,
+            self.iterations + 1,
+            (self.beta_1, self.beta_2),
+            self.epsilon,
+        ):
+            super().update_step(gradient, variable, learning_rate)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformers")
+class Adam(_InPlaceUpdate, keras.optimizers.Adam):
+    """`keras.optimizers.Adam` (same arguments, math, state and saved
+    config) whose PyTorch update runs in place.
+
+    Keras' PyTorch Adam allocates five temporaries the size of each
+    variable per step; on CPU every one is a fresh allocation that the
+    kernel page-faults in. This one allocates one (`backend.adam_update`):
+    the optimizer step takes about half the time (Mixtral benchmark layout,
+    17.6M parameters: 0.03 vs 0.06 s, ~4% of the training step). Other
+    backends, and `amsgrad=True`, use Keras' update unchanged (XLA fuses it).
+    Results agree with Keras' to float32 rounding.
+    """
+
+
+@keras.saving.register_keras_serializable(package="keras_transformers")
+class AdamW(_InPlaceUpdate, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose PyTorch update runs in place (see
+    `Adam`); the decoupled weight decay is Keras' own (in place already).
+
+    Example:
+
+    >>> optimizer = AdamW(learning_rate=1e-3, weight_decay=0.01)
+    >>> optimizer.weight_decay
+    0.01
+    """
 
 
 def transformer_adam(
@@ -30,7 +77,7 @@ def transformer_adam(
 ) -> keras.optimizers.Adam:
     """Adam with the paper's betas, epsilon and inverse-square-root warmup.
 
-    Returns `keras.optimizers.Adam(learning_rate=InverseSquareRootSchedule(
+    Returns `Adam(learning_rate=InverseSquareRootSchedule(
     hidden_dim, warmup_steps, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9)`
     (Vaswani et al. 2017, section 5.3). The learning rate at optimizer step
     `t` (0-based `optimizer.iterations`) is
@@ -48,8 +95,9 @@ def transformer_adam(
             (see `PerUpdateSchedule`).
 
     Returns:
-        A `keras.optimizers.Adam`; it serializes with the model (the schedule
-        is registered under "keras_transformers").
+        This module's `Adam` (a `keras.optimizers.Adam` updating in place on
+        PyTorch); it serializes with the model (it and the schedule are
+        registered under "keras_transformers").
 
     Example:
 
@@ -71,7 +119,7 @@ def transformer_adam(
     )
     if steps:
         schedule = PerUpdateSchedule(schedule, steps)
-    return keras.optimizers.Adam(learning_rate=schedule, **{**PAPER_ADAM, **kwargs})
+    return Adam(learning_rate=schedule, **{**PAPER_ADAM, **kwargs})
 
 
 @keras.saving.register_keras_serializable(package="keras_transformers")

@@ -1,4 +1,5 @@
-"""The one module allowed to import a backend directly.
+"""The one package allowed to import a backend directly (this module and
+`backend/moe.py`).
 
 Everything here is a fast path behind one function, with a pure `keras`
 fallback that gives the same numbers.
@@ -171,81 +172,6 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
     return out.transpose(1, 2)
 
 
-def has_grouped_matmul() -> bool:
-    """Whether `grouped_matmul` beats the `keras.ops` block layout here:
-    JAX on GPU/TPU (`jax.lax.ragged_dot`; on CPU XLA lowers it to a masked
-    dense product, ~10x slower than blocks), PyTorch (`grouped_mm`, CPU and
-    CUDA; a per-expert loop where torch lacks it) and TensorFlow outside XLA
-    (a per-expert loop over `tf.split` groups)."""
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() in ("gpu", "tpu")
-    if backend == "tensorflow":  # a per-expert loop; XLA needs static shapes
-        return not _in_xla_context()
-    return backend == "torch"
-
-
-def _in_xla_context() -> bool:
-    """Whether TensorFlow is tracing for XLA (`jit_compile=True`)."""
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    graph = tf.compat.v1.get_default_graph()
-    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
-
-
-def group_sizes_for_matmul(group_sizes):
-    """Group sizes as `grouped_matmul` wants them: PyTorch's `grouped_mm`
-    takes int32 end offsets (no host sync); its loop fallback a host list."""
-    if keras.config.backend() == "torch":
-        import torch
-
-        if _torch_grouped_mm() is not None:
-            return torch.cumsum(keras.ops.convert_to_tensor(group_sizes), 0).int()
-        return [int(s) for s in group_sizes.tolist()]
-    return group_sizes
-
-
-def _torch_grouped_mm():
-    import torch
-
-    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(
-        torch, "_grouped_mm", None
-    )
-
-
-def grouped_matmul(x, kernels, group_sizes):
-    """Rows of `x [M, D]`, sorted into consecutive groups (sizes from
-    `group_sizes_for_matmul`, summing to M), times their group's kernel from
-    `kernels [G, D, F]`: `[M, F]`. Same numbers as the `keras.ops` block
-    layout in `layers/moe_dispatch.py`."""
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.lax.ragged_dot(x, kernels, group_sizes.astype("int32"))
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        parts = tf.split(x, group_sizes, num=kernels.shape[0])
-        return tf.concat([p @ kernels[g] for g, p in enumerate(parts)], axis=0)
-    if backend == "torch":
-        import torch
-
-        x = keras.ops.convert_to_tensor(x)
-        kernels = keras.ops.convert_to_tensor(kernels)
-        if isinstance(group_sizes, list):  # no grouped_mm in this torch
-            parts = torch.split(x, group_sizes)
-            return torch.cat([p @ kernels[g] for g, p in enumerate(parts)], dim=0)
-        out = _torch_grouped_mm()(x.to(kernels.dtype), kernels, offs=group_sizes)
-        if out.requires_grad:  # its backward rejects stride-0 (expanded) grads
-            out.register_hook(lambda grad: grad.contiguous())
-        return out
-    raise NotImplementedError(f"No grouped matmul on {backend}; use the block layout.")
-
-
 def _torch_tensor(x):
     """A torch tensor as it is; anything else (a Keras variable, an array)
     through `convert_to_tensor` (which applies autocasting)."""
@@ -311,6 +237,30 @@ def norm(x, weight, bias, epsilon, rms=False):
         variance = x.pow(2).mean(-1, keepdim=True)
         return weight * (x * torch.rsqrt(variance + epsilon))
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, epsilon)
+
+
+def adam_update(variable, gradient, momentum, velocity, learning_rate, step, betas, epsilon):
+    """One Adam step on PyTorch, in place: `m += (1 - beta_1) (g - m)`,
+    `v = beta_2 v + (1 - beta_2) g^2`, `variable -= m / ((sqrt(v) + eps) /
+    alpha)` with `alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)` (Keras'
+    Adam; `step` = t). One temporary of the variable's size where Keras'
+    PyTorch Adam makes five (each a fresh allocation, page-faulted in on
+    CPU). Returns False elsewhere: Keras' update, which XLA fuses anyway."""
+    if keras.config.backend() != "torch":
+        return False
+    import torch
+
+    beta_1, beta_2 = betas
+    with torch.no_grad():
+        var, m, v = variable.value, momentum.value, velocity.value
+        g = _torch_tensor(gradient).to(var.dtype)
+        t = _torch_tensor(step).to(var.dtype)
+        lr = _torch_tensor(learning_rate).to(var.dtype)
+        alpha = lr * torch.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        m.lerp_(g, 1 - beta_1)
+        v.mul_(beta_2).addcmul_(g, g, value=1 - beta_2)
+        var.addcdiv_(m, v.sqrt().add_(epsilon).div_(alpha), value=-1)
+    return True
 
 
 def update_cache(cache, update, index):
