@@ -34,7 +34,7 @@ from keras_transformers import data  # noqa: E402
 from keras_transformers.cli_bert import accuracy_and_macro_f1  # noqa: E402
 from keras_transformers.models import BertClassifier  # noqa: E402
 from keras_transformers.preprocessing import BertPreprocessor, train_wordpiece  # noqa: E402
-from keras_transformers.training import WarmupCosineDecay  # noqa: E402
+from keras_transformers.training import AdamW, WarmupCosineDecay  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--pretrained", help="a BERT preset directory with its vocabulary")
@@ -81,7 +81,7 @@ def finetune(model, preprocessor, label):
         min_learning_rate=args.learning_rate / 10,
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01),
+        optimizer=AdamW(schedule, weight_decay=0.01),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )

@@ -35,6 +35,7 @@ from keras_transformers import data  # noqa: E402
 from keras_transformers.models import BertTokenClassifier  # noqa: E402
 from keras_transformers.preprocessing import train_wordpiece  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
+    AdamW,
     MaskedAccuracy,
     MaskedSparseCategoricalCrossentropy,
     WarmupCosineDecay,
@@ -136,7 +137,7 @@ schedule = WarmupCosineDecay(
     min_learning_rate=args.learning_rate / 10,
 )
 model.compile(
-    optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01),
+    optimizer=AdamW(schedule, weight_decay=0.01),
     loss=MaskedSparseCategoricalCrossentropy(from_logits=True, ignore_class=IGNORE),
     metrics=[MaskedAccuracy(ignore_class=IGNORE, name="accuracy")],
 )

@@ -33,6 +33,7 @@ from keras_transformers.preprocessing import (  # noqa: E402
     train_wordpiece,
 )
 from keras_transformers.training import (  # noqa: E402
+    AdamW,
     MaskedAccuracy,
     MaskedSparseCategoricalCrossentropy,
     WarmupCosineDecay,
@@ -101,7 +102,7 @@ schedule = WarmupCosineDecay(
     min_learning_rate=args.learning_rate / 10,
 )
 model.compile(
-    optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01, global_clipnorm=1.0),
+    optimizer=AdamW(schedule, weight_decay=0.01, global_clipnorm=1.0),
     loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
     weighted_metrics=[MaskedAccuracy(name="masked_accuracy")],
 )

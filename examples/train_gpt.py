@@ -22,6 +22,7 @@ from keras_transformers import data  # noqa: E402
 from keras_transformers.models import GPTCausalLM  # noqa: E402
 from keras_transformers.tokenizer import train_bpe  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
+    AdamW,
     MaskedAccuracy,
     MaskedSparseCategoricalCrossentropy,
     Perplexity,
@@ -87,7 +88,7 @@ schedule = WarmupCosineDecay(
     min_learning_rate=2e-4,
 )
 model.compile(
-    optimizer=keras.optimizers.AdamW(schedule, beta_2=0.95, global_clipnorm=1.0),
+    optimizer=AdamW(schedule, beta_2=0.95, global_clipnorm=1.0),
     loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
     metrics=[Perplexity(from_logits=True), MaskedAccuracy(name="accuracy")],
 )

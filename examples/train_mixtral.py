@@ -42,6 +42,7 @@ from keras_transformers import MoEConfig, data  # noqa: E402
 from keras_transformers.models import GPTCausalLM, MixtralCausalLM  # noqa: E402
 from keras_transformers.tokenizer import train_bpe  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
+    AdamW,
     MaskedAccuracy,
     MaskedSparseCategoricalCrossentropy,
     Perplexity,
@@ -211,7 +212,7 @@ def compile_model(model):
         min_learning_rate=2e-4,
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(schedule, beta_2=0.95, global_clipnorm=1.0),
+        optimizer=AdamW(schedule, beta_2=0.95, global_clipnorm=1.0),
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
         metrics=[Perplexity(from_logits=True), MaskedAccuracy(name="accuracy")],
     )

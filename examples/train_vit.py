@@ -59,6 +59,7 @@ from keras_transformers.images import (  # noqa: E402
 )
 from keras_transformers.models import ViTClassifier  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
+    AdamW,
     MaskedSparseCategoricalCrossentropy,
     WarmupCosineDecay,
 )
@@ -114,7 +115,7 @@ def compile_model(model, steps, learning_rate):
         min_learning_rate=learning_rate / 100,
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=AdamW(
             schedule, weight_decay=args.weight_decay, global_clipnorm=1.0
         ),
         loss=MaskedSparseCategoricalCrossentropy(

@@ -120,10 +120,9 @@ def _load_text(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _optimizer(args: argparse.Namespace, total_steps: int):
-    """AdamW on a warmup + cosine schedule peaking at `--learning-rate`."""
-    import keras
-
-    from keras_transformers.training import WarmupCosineDecay
+    """AdamW (in place on PyTorch) on a warmup + cosine schedule peaking at
+    `--learning-rate`."""
+    from keras_transformers.training import AdamW, WarmupCosineDecay
 
     schedule = WarmupCosineDecay(
         peak_learning_rate=args.learning_rate,
@@ -131,7 +130,7 @@ def _optimizer(args: argparse.Namespace, total_steps: int):
         decay_steps=total_steps,
         min_learning_rate=args.learning_rate / 10,
     )
-    return keras.optimizers.AdamW(
+    return AdamW(
         learning_rate=schedule, weight_decay=0.01, beta_2=0.95, global_clipnorm=1.0
     )
 

@@ -13,6 +13,8 @@ _DIRECT_CALLS = [False]
 # Variable id -> its torch tensor, for the duration of one eager decoding call
 # (see `compile_function`): reading `Variable.value` costs ~10 us on PyTorch.
 _VALUES = [None]
+# Per-call memo of eager decoding (see `memo`).
+_MEMO = [None]
 
 
 def call_layer(layer, *args, **kwargs):
@@ -36,7 +38,8 @@ def compile_function(fn, variables, direct_calls=False):
     `direct_calls=True` (only for models whose compute and variable dtypes
     agree: no autocasting needed), `call_layer` runs `layer.call` directly
     and the fast paths below read each variable's tensor from a snapshot
-    taken once per call (weights do not change while decoding).
+    taken once per call (weights do not change while decoding) and `memo`
+    keeps per-step values shared by the layers.
     """
     backend = keras.config.backend()
     if backend == "jax":
@@ -56,18 +59,34 @@ def compile_function(fn, variables, direct_calls=False):
         import torch
 
         def no_grad(*args):
-            previous = _DIRECT_CALLS[0], _VALUES[0]
+            previous = _DIRECT_CALLS[0], _VALUES[0], _MEMO[0]
             _DIRECT_CALLS[0] = direct_calls
             if direct_calls:
                 _VALUES[0] = {id(v): v.value for v in variables}
+                _MEMO[0] = {}
             try:
                 with torch.no_grad():
                     return fn(*args)
             finally:
-                _DIRECT_CALLS[0], _VALUES[0] = previous
+                _DIRECT_CALLS[0], _VALUES[0], _MEMO[0] = previous
 
         return no_grad
     return fn
+
+
+def memo(key, compute):
+    """`compute()`, computed once per key while PyTorch decodes eagerly
+    (inside `compile_function(..., direct_calls=True)`): work every layer
+    repeats within a step, such as the positions and rotary angles of the
+    new tokens, is then done for the first layer only. Elsewhere (compiled
+    backends trace each layer, and XLA deduplicates) it calls `compute()`.
+    `key` must determine the value (e.g. hold the tensors it depends on)."""
+    store = _MEMO[0]
+    if store is None:
+        return compute()
+    if key not in store:
+        store[key] = compute()
+    return store[key]
 
 
 def eager_loops() -> bool:

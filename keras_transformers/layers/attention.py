@@ -193,7 +193,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if self_attention:
             custom = type(self).process_heads is not MultiHeadAttention.process_heads
             if positions is None and (self.rotary is not None or custom):
-                positions = ops.arange(ops.shape(query)[1]) + offset
+                positions = self._positions(ops.shape(query)[1], offset)
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
         key_offset = None
@@ -234,6 +234,15 @@ class MultiHeadAttention(keras.layers.Layer):
         out = self._attend(q, k, v, mask, use_is_causal, training)  # [B, T, N, H]
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
+
+    @staticmethod
+    def _positions(length, offset):
+        """`arange(length) + offset`; shared by the layers of an eager
+        decoding step (`backend.memo`) when the offset is a Python int."""
+        compute = lambda: ops.arange(length) + offset  # noqa: E731
+        if not isinstance(offset, int):
+            return compute()
+        return backend.memo(("positions", length, offset), compute)
 
     def _roll_cache(self, cache, k, v, cache_index):
         """Rolling sliding-window cache: `cache` holds the `S_c` positions

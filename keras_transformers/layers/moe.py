@@ -248,9 +248,12 @@ class SparseMoE(keras.layers.Layer):
         shape = ops.shape(x)
         tokens = ops.reshape(x, (-1, shape[-1]))  # [N, D]
         n = ops.shape(tokens)[0]  # an int, or a tensor in a TF graph with a None batch
-        real = None  # all tokens real; made only where needed
-        if padding_mask is not None:
-            real = ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
+
+        def real():  # [N] bool, True for real tokens (only where needed)
+            if padding_mask is None:
+                return ops.ones((n,), "bool")
+            return ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
+
         logits, probs, expert_ids, weights = self.route(tokens, training)
         e, k = self.num_experts, self.num_experts_per_token
         plan = None
@@ -266,7 +269,7 @@ class SparseMoE(keras.layers.Layer):
         if self.shared_experts is not None:
             out = out + call_layer(self.shared_experts, tokens)
         if training is not None:
-            real = ops.ones((n,), "bool") if real is None else real
+            real = real()
             aux, z = self._router_losses(logits, probs, expert_ids, real)
             if training:
                 if self.router_aux_loss_coef:

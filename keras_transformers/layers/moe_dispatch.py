@@ -211,8 +211,9 @@ def sparse_experts(
         tokens: `[N, D]`.
         expert_ids: `[N, k]` int, chosen experts.
         weights: `[N, k]` combine weights.
-        token_mask: `[N]` bool, True for real tokens (padding queues last,
-            so a capacity drops it first), or None: all real.
+        token_mask: a function returning the `[N]` bool mask of real tokens
+            (called only by the layouts that queue padding last, so that a
+            capacity drops it first).
         apply_experts: `apply_experts(rows, matmul) -> rows` runs the expert
             network on grouped rows with `matmul(rows, kernels)`.
         num_experts: E.
@@ -245,9 +246,7 @@ def sparse_experts(
     if layout == "grouped":
         plan = SortedPlan(expert_ids, num_experts)
     else:
-        if token_mask is None:
-            token_mask = ops.ones((n,), "bool")
-        plan = DispatchPlan(expert_ids, token_mask, num_experts, layout, capacity)
+        plan = DispatchPlan(expert_ids, token_mask(), num_experts, layout, capacity)
     rows = apply_experts(plan.gather(tokens), plan.matmul)
     return plan.combine(rows, weights), plan
 

@@ -57,18 +57,17 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def rotate(self, tensors, positions=None):
         """Rotates each `[B, T, *, H]` tensor of `tensors` (e.g. queries and
-        keys) by `positions`, computing the angles once for all of them."""
+        keys) by `positions`, computing the angles once for all of them (and,
+        while PyTorch decodes eagerly, once per step for all layers:
+        `backend.memo`)."""
         head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
         if positions is None:
             positions = ops.arange(length)
-        positions = ops.cast(positions, "float32")
-        if self.scaling_factor != 1.0:
-            positions = positions / self.scaling_factor
-        angles = positions[..., None] * inverse_frequencies(head_dim, self.max_wavelength)
-        if len(angles.shape) == 2:  # [T, H] or [B, T, H]
-            angles = angles[None]
-        cos = ops.cos(angles)[:, :, None, :]  # [B|1, T, 1, H]
-        sin = ops.sin(angles)[:, :, None, :]
+        key = ("rotary", id(positions), head_dim, self.max_wavelength, self.scaling_factor)
+        # The memo keeps `positions` alive, so its id stays its own.
+        _, cos, sin = backend.memo(
+            key, lambda: (positions, *self.cos_sin(positions, head_dim))
+        )
         half = head_dim // 2
         out = []
         for x in tensors:
@@ -77,6 +76,18 @@ class RotaryEmbedding(keras.layers.Layer):
             y = x32 * cos + rotated * sin
             out.append(y if x.dtype == y.dtype else ops.cast(y, x.dtype))
         return out
+
+    def cos_sin(self, positions, head_dim):
+        """`positions [T]` or `[B, T]` -> `(cos, sin)`, each `[B|1, T, 1, H]`
+        float32."""
+        positions = ops.cast(positions, "float32")
+        if self.scaling_factor != 1.0:
+            positions = positions / self.scaling_factor
+        inverse = inverse_frequencies(head_dim, self.max_wavelength)
+        angles = ops.multiply(positions[..., None], inverse)  # on positions' device
+        if len(angles.shape) == 2:  # [T, H] or [B, T, H]
+            angles = angles[None]
+        return ops.cos(angles)[:, :, None, :], ops.sin(angles)[:, :, None, :]
 
     def get_config(self):
         config = super().get_config()
