@@ -154,6 +154,22 @@ def concrete_numpy(x):
         return None
 
 
+def none_if_all_true(mask):
+    """`mask`, or None where it is known now to be all True (no padding):
+    eager PyTorch outside `torch.compile`, where attention then runs the
+    unmasked (or causal) kernel with no mask to build or read, as Hugging
+    Face does; costs one device sync. Traced backends keep the mask."""
+    if mask is None or keras.config.backend() != "torch":
+        return mask
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.is_meta:  # symbolic build
+        return mask
+    if torch.compiler.is_compiling():
+        return mask
+    return None if bool(mask.all()) else mask
+
+
 def supports_native_gqa() -> bool:
     """Whether `dot_product_attention` below attends grouped K/V heads
     without repeating them (JAX natively, PyTorch through `enable_gqa`)."""

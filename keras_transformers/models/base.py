@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers import lora
+from keras_transformers import backend, lora
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
@@ -223,6 +223,7 @@ def run_blocks(
     projected encoder `(key, value)` pair per block (encoder-decoder models).
     """
     if cache is None:
+        padding_mask = backend.none_if_all_true(padding_mask)
         for block in blocks:
             x = block(x, padding_mask=padding_mask, training=training, **kwargs)
         return x
