@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quieter TensorFlow/XLA sta
 
 LEARNING_RATE = 1e-4
 _KERAS_ADAMW = [False]  # --keras-adamw: Keras' own AdamW for the Keras contenders
+_KERAS_LOSS = [False]  # --keras-loss: Keras' own sparse cross-entropy
 WEIGHT_DECAY = 0.01
 
 TORCH_THREADS_HELP = (
@@ -61,8 +62,14 @@ def parse_common_args(doc, argv=None, skips=(), quick_flags=("--quick",)):
         help="Keras contenders train with keras.optimizers.AdamW instead of "
         "keras_transformers.training.AdamW (same numbers; in-place on PyTorch)",
     )
+    p.add_argument(
+        "--keras-loss",
+        action="store_true",
+        help="Keras contenders train with keras.losses.SparseCategoricalCrossentropy "
+        "instead of keras_transformers.training.MaskedSparseCategoricalCrossentropy",
+    )
     args = p.parse_args(argv)
-    _KERAS_ADAMW[0] = args.keras_adamw
+    _KERAS_ADAMW[0], _KERAS_LOSS[0] = args.keras_adamw, args.keras_loss
     if args.quick:
         args.repeats = min(args.repeats, 2)
         args.steps = min(args.steps, 2)
@@ -142,6 +149,9 @@ def run_meta(backend, torch, sizes, args, argv=None):
         "keras_optimizer": "keras.optimizers.AdamW"
         if args.keras_adamw
         else "keras_transformers.training.AdamW",
+        "keras_loss": "keras.losses.SparseCategoricalCrossentropy"
+        if args.keras_loss
+        else "keras_transformers.training.MaskedSparseCategoricalCrossentropy",
         "argv": sys.argv[1:] if argv is None else list(argv),
     }
 
@@ -304,9 +314,20 @@ def keras_optimizer():
 
 
 def keras_loss():
+    """The loss of every Keras contender (ours and KerasHub alike):
+    `keras_transformers.training.MaskedSparseCategoricalCrossentropy(
+    from_logits=True)` (nothing masked), the loss this library's recipes
+    use. Keras' `SparseCategoricalCrossentropy` computes the same value but,
+    on PyTorch, moves the class axis to position 1 for `cross_entropy`: a
+    copy of the `[B, T, V]` logits and a log-softmax over a strided axis
+    (~0.1 s per GPT benchmark step). `--keras-loss` measures with it."""
     import keras
 
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    from keras_transformers.training import MaskedSparseCategoricalCrossentropy
+
+    if _KERAS_LOSS[0]:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return MaskedSparseCategoricalCrossentropy(from_logits=True)
 
 
 # --------------------------------------------------------------- harness

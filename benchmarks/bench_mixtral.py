@@ -29,8 +29,10 @@ sequences are shorter than any window would be anyway).
 Measured:
 
 * training: steady-state seconds per step (Keras: ``train_on_batch`` with
-  AdamW(lr=1e-4, weight_decay=0.01) and SparseCategoricalCrossentropy
-  (from_logits=True), ``jit_compile`` left at the backend default; HF: forward
+  ``keras_optimizer()`` and ``keras_loss()`` of ``_common.py``, i.e. this
+  library's AdamW(lr=1e-4, weight_decay=0.01) and masked sparse
+  cross-entropy (from_logits=True), ``jit_compile`` left at the backend
+  default; HF: forward
   with labels and ``output_router_logits=True``, backward,
   ``torch.optim.AdamW`` step). Every MoE contender adds its router
   load-balancing loss with coefficient 0.02 (ours and KerasHub through
@@ -74,6 +76,7 @@ from _common import (
     build_contenders,
     finish,
     keras_optimizer,
+    keras_loss,
     kerashub_generate,
     loss_row,
     parse_common_args,
@@ -171,25 +174,12 @@ def llama_fields(sizes: Sizes) -> dict:
     )
 
 
-def training_loss():
-    """The loss of every Keras contender: keras_transformers'
-    `MaskedSparseCategoricalCrossentropy(from_logits=True)` (nothing masked
-    here), the loss this library's recipes use. Keras' own
-    `SparseCategoricalCrossentropy` computes the same value but, on PyTorch,
-    moves the vocabulary axis to position 1 for `cross_entropy`: a copy of
-    the `[B, T, V]` logits and a log-softmax over a strided axis, ~0.1 s per
-    step here, paid alike by ours and KerasHub."""
-    from keras_transformers.training import MaskedSparseCategoricalCrossentropy
-
-    return MaskedSparseCategoricalCrossentropy(from_logits=True)
-
-
 class OursBase(KerasContender):
     def __init__(self, sizes: Sizes, x, y, model):
         super().__init__(x, y)
         self.sizes = sizes
         self.model = model
-        self.model.compile(optimizer=keras_optimizer(), loss=training_loss())
+        self.model.compile(optimizer=keras_optimizer(), loss=keras_loss())
 
     def generate(self, prompts):
         return self.model.generate(
@@ -277,7 +267,7 @@ class KerasHub(KerasContender):
         # No metrics on either side (KerasHub's default adds an accuracy metric).
         self.model.compile(
             optimizer=keras_optimizer(),
-            loss=training_loss(),
+            loss=keras_loss(),
             weighted_metrics=None,
             sampler="greedy",
         )

@@ -112,3 +112,57 @@ def test_eager_while_loop_keeps_python_ints():
         assert seen == [int, int, int]
     else:
         assert not isinstance(start, int)
+
+
+def test_memo_shares_values_only_inside_eager_decoding():
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return keras.ops.ones((2,))
+
+    def step(x):
+        a = backend.memo(("k", 1), compute)
+        b = backend.memo(("k", 1), compute)
+        c = backend.memo(("k", 2), compute)
+        return x + a + b + c
+
+    variable = keras.Variable(np.zeros((2,), "float32"))
+    run = backend.compile_function(step, [variable], direct_calls=True)
+    out = run(keras.ops.zeros((2,)))
+    assert_close(out, np.full((2,), 3.0))
+    if keras.config.backend() == "torch":  # eager: computed once per key
+        assert len(calls) == 2
+        assert backend._MEMO[0] is None  # cleared after the call
+    step(keras.ops.zeros((2,)))  # outside: computed every time
+    assert len(calls) in (5, 6)  # 2 or 3 (traced) inside, 3 outside
+
+
+def test_rotary_angles_shared_by_layers_match_a_fresh_computation(rng):
+    from keras_transformers.layers import RotaryEmbedding
+
+    rotary = RotaryEmbedding(max_wavelength=500.0, scaling_factor=2.0)
+    q = rng.standard_normal((2, 3, 4, 8)).astype("float32")
+    k = rng.standard_normal((2, 3, 2, 8)).astype("float32")
+    positions = keras.ops.arange(3) + 5
+    expected = rotary.rotate((q, k), positions)
+
+    def step(q, k):
+        first = rotary.rotate((q, k), positions)
+        again = rotary.rotate((q, k), positions)  # memo hit while decoding
+        return first + again
+
+    out = backend.compile_function(step, [], direct_calls=True)(q, k)
+    for got, want in zip(out, [*expected, *expected]):
+        assert_close(got, want, atol=1e-6)
+
+
+def test_none_if_all_true():
+    full = keras.ops.ones((2, 4), "bool")
+    padded = keras.ops.convert_to_tensor(np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool))
+    assert backend.none_if_all_true(None) is None
+    assert backend.none_if_all_true(padded) is padded
+    if keras.config.backend() == "torch":  # known now: attention skips the mask
+        assert backend.none_if_all_true(full) is None
+    else:  # traced backends keep it
+        assert backend.none_if_all_true(full) is full
