@@ -178,6 +178,22 @@ def test_feed_forward(x, gated, activation):
     assert len(layer.trainable_weights) == (6 if gated else 4)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exact_gelu_is_keras_gelu(rng, dtype):
+    from keras_transformers.layers.feed_forward import exact_gelu
+
+    x = keras.ops.convert_to_tensor(4 * rng.normal(size=(3, 257)), dtype)
+    ours, theirs = exact_gelu(x), keras.activations.gelu(x, approximate=False)
+    assert keras.backend.standardize_dtype(ours.dtype) == dtype
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(keras.ops.cast(ours, "float32")),
+        keras.ops.convert_to_numpy(keras.ops.cast(theirs, "float32")),
+        rtol=tol,
+        atol=tol,
+    )
+
+
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_transformer_block(x, norm_position):
     run_layer_test(

@@ -170,6 +170,15 @@ def none_if_all_true(mask):
     return None if bool(mask.all()) else mask
 
 
+def xla_cpu() -> bool:
+    """Whether JAX computes on its CPU backend (XLA:CPU)."""
+    if keras.config.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def supports_native_gqa() -> bool:
     """Whether `dot_product_attention` below attends grouped K/V heads
     without repeating them (JAX natively, PyTorch through `enable_gqa`)."""

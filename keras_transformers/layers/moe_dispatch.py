@@ -11,15 +11,16 @@ FLOPs and activation memory scale with k, not E:
 * `backend.grouped_matmul` where the backend has a grouped matmul that
   pays off (`jax.lax.ragged_dot` on GPU/TPU, PyTorch's `grouped_mm`, a
   per-expert loop in eager TensorFlow): `SortedPlan` (one argsort);
-* otherwise `BlockLayout`: pure `keras.ops`, static shapes (XLA): each
-  expert's rows are padded to a multiple of a block size, and every block is
-  multiplied by its expert's kernel in one batched matmul. Padding adds at
-  most `E * (block - 1)` rows (`DispatchPlan`).
+* otherwise `DispatchPlan`'s "blocks" layout: pure `keras.ops`, static
+  shapes (XLA): each expert's rows are padded to a multiple of a block size,
+  and every block is multiplied by its expert's kernel in one batched
+  matmul. Padding adds at most `E * (block - 1)` rows.
 
-With a capacity (`CapacityLayout`) each expert takes at most C assignments
-in `[E, C, D]` buckets; the overflow is dropped (those assignments add
-nothing; the residual connection carries the token). Priority: first
-choices before second choices, then earlier tokens, padding last.
+With a capacity (`DispatchPlan`'s "capacity" layout) each expert takes at
+most C assignments in `[E, C, D]` buckets; the overflow is dropped (those
+assignments add nothing; the residual connection carries the token).
+Priority: first choices before second choices, then earlier tokens,
+padding last.
 """
 
 from __future__ import annotations
