@@ -295,32 +295,26 @@ class MultiHeadAttention(keras.layers.Layer):
         return self._attend_grouped(q, k, v, mask, is_causal, scale, training)
 
     def _attend_grouped(self, q, k, v, mask, is_causal, scale, training):
-        """Explicit attention, float32 softmax, K/V never repeated."""
+        """Explicit attention, float32 softmax, K/V never repeated. Without
+        grouping the heads keep their 4-D layout (no group axis: no extra
+        head-layout copy under XLA)."""
         b, t = ops.shape(q)[0], ops.shape(q)[1]
         s = ops.shape(k)[1]
         groups = self.num_heads // self.num_kv_heads
-        if groups == 1:  # no group axis: no extra head-layout copy under XLA
-            logits = ops.einsum("btnh,bsnh->bnts", q, k)
-            logits = ops.cast(logits, "float32") * scale
-            if is_causal:
-                mask = attention_mask(t, s, causal=True)
-            if mask is not None:
-                logits = ops.where(mask, logits, -1e9)  # mask [B|1, 1, T, S]
-            probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
-            probs = self.dropout_layer(probs, training=training)
-            return ops.einsum("bnts,bsnh->btnh", probs, v)
-        q = ops.reshape(
-            q, (b, t, self.num_kv_heads, groups, self.head_dim)
-        )  # [B,T,K,G,H]
-        logits = ops.einsum("btkgh,bskh->bkgts", q, k)  # [B, K, G, T, S]
+        heads = "n"  # [B, N, T, S] scores
+        if groups > 1:
+            q = ops.reshape(q, (b, t, self.num_kv_heads, groups, self.head_dim))
+            heads = "kg"  # [B, K, G, T, S] scores
+        logits = ops.einsum(f"bt{heads}h,bs{heads[0]}h->b{heads}ts", q, k)
         logits = ops.cast(logits, "float32") * scale
         if is_causal:
             mask = attention_mask(t, s, causal=True)
-        if mask is not None:
-            logits = ops.where(mask[:, :, None], logits, -1e9)  # mask [B|1, 1, 1, T, S]
+        if mask is not None:  # [B|1, 1, T, S]
+            mask = mask if groups == 1 else mask[:, :, None]
+            logits = ops.where(mask, logits, -1e9)
         probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
         probs = self.dropout_layer(probs, training=training)
-        out = ops.einsum("bkgts,bskh->btkgh", probs, v)  # [B, T, K, G, H]
+        out = ops.einsum(f"b{heads}ts,bs{heads[0]}h->bt{heads}h", probs, v)
         return ops.reshape(out, (b, t, self.num_heads, self.head_dim))
 
     def get_config(self):
