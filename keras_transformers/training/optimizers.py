@@ -31,11 +31,12 @@ class _InPlaceUpdate:
     """`update_step` of Keras' Adam, in place on PyTorch (see `Adam`)."""
 
     def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
         if self.amsgrad or not backend.adam_update(
             variable,
             gradient,
-            self._momentums[self._get_variable_index(variable)],
-            self._velocities[self._get_variable_index(variable)],
+            self._momentums[index],
+            self._velocities[index],
             learning_rate,
             self.iterations + 1,
             (self.beta_1, self.beta_2),
