@@ -139,6 +139,7 @@ def run_meta(backend, torch, sizes, args, argv=None):
         "backend": backend,
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "accelerator": accelerator(backend, torch),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
         "versions": versions(),
         "git": git_revision(),
@@ -156,10 +157,30 @@ def run_meta(backend, torch, sizes, args, argv=None):
     }
 
 
+def accelerator(backend, torch):
+    """The GPU the Keras backend computes on (e.g. "NVIDIA H100 80GB HBM3"),
+    or None on a CPU-only run. Hugging Face contenders run on the same
+    device (`HFContender`)."""
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return None if device.platform == "cpu" else device.device_kind
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        gpus = tf.config.list_logical_devices("GPU")
+        return gpus[0].name if gpus else None
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return None
+
+
 def print_meta(meta):
     print(
         f"backend={meta['backend']}  cpu={meta['cpu']} x{meta['cpu_count']}  "
-        f"torch_threads={meta['torch_threads']}"
+        f"torch_threads={meta['torch_threads']}  "
+        f"accelerator={meta['accelerator'] or 'none (CPU)'}"
     )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
     print(f"git: {meta['git']}")
@@ -229,21 +250,30 @@ class HFContender(Contender):
     """A Hugging Face model in eager PyTorch: a training step is
     `model(**self.inputs).loss` (the subclass sets `inputs`), backward and a
     `torch.optim.AdamW` step with the Keras models' learning rate and weight
-    decay."""
+    decay. On a machine with a CUDA GPU the model, its inputs and the
+    optimizer live there (as Keras' PyTorch backend puts its models there);
+    every timed call ends in a host copy (`float(loss)`, `.numpy()`), which
+    waits for the device."""
 
     name = "hf"
 
     def __init__(self, model, torch):
-        self.model, self.torch = model, torch
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = model.to(self.device)
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
         )
 
     def long(self, a):
-        return self.torch.as_tensor(np.asarray(a), dtype=self.torch.long)
+        return self.torch.as_tensor(
+            np.asarray(a), dtype=self.torch.long, device=self.device
+        )
 
     def float32(self, a):
-        return self.torch.as_tensor(np.asarray(a), dtype=self.torch.float32)
+        return self.torch.as_tensor(
+            np.asarray(a), dtype=self.torch.float32, device=self.device
+        )
 
     def params(self):
         return sum(p.numel() for p in self.model.parameters())  # tied: counted once

@@ -178,7 +178,7 @@ class HuggingFace(HFContender):
     def generate(self, prompts):
         torch = self.torch
         self.model.eval()
-        ids = torch.as_tensor(prompts, dtype=torch.long)
+        ids = self.long(prompts)
         out = self.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -188,7 +188,7 @@ class HuggingFace(HFContender):
             use_cache=True,
             pad_token_id=0,
         )
-        return out.numpy()
+        return out.cpu().numpy()
 
 
 # --------------------------------------------------------------- harness

@@ -320,7 +320,7 @@ class HuggingFace(HFContender):
     def generate(self, prompts):
         torch = self.torch
         self.model.eval()
-        ids = torch.as_tensor(prompts, dtype=torch.long)
+        ids = self.long(prompts)
         with torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -331,7 +331,7 @@ class HuggingFace(HFContender):
                 use_cache=True,
                 pad_token_id=PAD,
             )
-        return out.numpy()
+        return out.cpu().numpy()
 
     def notes(self):
         experts = getattr(self.model.config, "_experts_implementation", None)

@@ -257,7 +257,7 @@ class HuggingFace(HFContender):
     def decode(self, sources):
         torch, s = self.torch, self.sizes
         self.model.eval()
-        ids = torch.as_tensor(sources, dtype=torch.long)
+        ids = self.long(sources)
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids,
@@ -269,7 +269,7 @@ class HuggingFace(HFContender):
                 do_sample=False,
                 use_cache=True,
             )
-        return out.numpy()
+        return out.cpu().numpy()
 
 
 # --------------------------------------------------------------- harness

@@ -13,6 +13,15 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+if keras.config.backend() == "jax":
+    import jax
+
+    # On GPUs with TF32 (Ampere and later) JAX's default float32 matmul
+    # rounds its inputs to 10 mantissa bits; the parity tests (~1e-5 in
+    # float32) need full float32, as PyTorch and TensorFlow compute it by
+    # default. A no-op on CPU. (README: "GPUs and TPUs".)
+    jax.config.update("jax_default_matmul_precision", "highest")
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_reset():

@@ -68,14 +68,16 @@ def check_images(images, vision):
 
 
 def normalize(images, vision):
-    """`(images * rescale - mean) / std` in float32, per `vision`."""
+    """`(images * rescale - mean) / std` in float32, per `vision`. The
+    constants go through `ops` (a NumPy operand would make PyTorch hand the
+    tensor to NumPy, which fails for a GPU tensor)."""
     x = ops.cast(images, "float32")
     if vision.rescale != 1.0:
         x = x * vision.rescale
     if vision.mean is not None:
-        x = x - np.asarray(vision.mean, "float32")
+        x = ops.subtract(x, np.asarray(vision.mean, "float32"))
     if vision.std is not None:
-        x = x / np.asarray(vision.std, "float32")
+        x = ops.divide(x, np.asarray(vision.std, "float32"))
     return x
 
 
