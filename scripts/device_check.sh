@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# GPU check on a lent device machine (see benchmarks/GPU.md): the test suite
-# and the benchmarks on the GPU, for the backends the machine's image holds
-# (PyTorch and JAX; its image has no TensorFlow, and a TensorFlow GPU wheel
-# is far over what can be carried to it).
+# The test suite and the benchmarks on a GPU machine, for the backends its
+# Python holds (the lent H100 had PyTorch and JAX, no TensorFlow).
 #
 #   bash scripts/device_check.sh tests   # both suites, in parallel workers
 #   bash scripts/device_check.sh bench   # benchmarks, one after another
 #
-# Keras and KerasHub travel as wheels in .whl/ (Python 3.12, see
-# benchmarks/GPU.md); logs and JSON go to $OUT (default ./device_out).
+# Where that Python lacks Keras and KerasHub, put their wheels in .whl/
+# first (made on another machine with `pip download --no-deps
+# --python-version 3.12 --only-binary=:all: -d .whl keras==3.15.1 namex
+# optree keras-hub keras-nlp kagglehub kagglesdk`, with the target's
+# platform tags); the script installs them to /tmp/site. Logs and JSON go to
+# $OUT (default ./device_out). See benchmarks/README.md, "On a GPU".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}

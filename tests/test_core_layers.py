@@ -2,6 +2,8 @@
 Keras' numbers, gradients and dtypes on every backend; the eager decode-loop
 helpers of `backend/` behave like `keras.ops.while_loop`."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -166,3 +168,59 @@ def test_none_if_all_true():
         assert backend.none_if_all_true(full) is None
     else:  # traced backends keep it
         assert backend.none_if_all_true(full) is full
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_direct_calls_in_training_change_nothing_but_the_bookkeeping(
+    policy, rng, monkeypatch
+):
+    """PyTorch training calls a block's sub-layers directly (`direct_calls`)
+    when nothing needs autocasting: same outputs, dropout masks and added
+    losses as through `Layer.__call__`; with a mixed policy, every sub-layer
+    still goes through `Layer.__call__`."""
+    from keras_transformers.models import MixtralCausalLM
+
+    lm = MixtralCausalLM.from_preset(
+        "mixtral_tiny",
+        dropout=0.2,
+        attention_dropout=0.2,
+        moe={"num_shared_experts": 1, "router_z_loss_coef": 0.01},
+        dtype=policy,
+    )
+    ids = rng.integers(3, 512, (2, 12)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones((2, 12), bool)}
+    seeds = [v.numpy() for v in lm.non_trainable_variables]
+    called = []
+    real_call = keras.layers.Layer.__call__
+
+    def spy(layer, *args, **kwargs):
+        called.append(type(layer).__name__)
+        return real_call(layer, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", spy)
+
+    def forward():  # the same dropout masks each time:
+        keras.utils.set_random_seed(7)  # the fused attention's (backend RNG)
+        for v, value in zip(lm.non_trainable_variables, seeds):
+            v.assign(value)  # Keras' seed generators
+        called.clear()
+        out = lm(x, training=True)
+        return to_numpy(out), [to_numpy(loss) for loss in lm.losses], list(called)
+
+    out, losses, calls = forward()
+    direct = keras.config.backend() == "torch" and policy == "float32"
+    assert ("EinsumDense" in calls) != direct  # the attention projections
+    assert "TransformerBlock" in calls  # blocks: always through Keras
+    monkeypatch.setattr(backend, "direct_calls", lambda layers: _nothing())
+    ref_out, ref_losses, ref_calls = forward()
+    assert "EinsumDense" in ref_calls
+    assert_close(out, ref_out, atol=1e-6)
+    assert len(losses) == len(ref_losses) == 2 * lm.config.num_layers
+    assert_close(np.array(losses), np.array(ref_losses), atol=1e-6)
+    again, _, _ = forward()
+    assert not np.allclose(again, to_numpy(lm(x, training=False)))  # dropout was on
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield

@@ -267,7 +267,7 @@ class SparseMoE(keras.layers.Layer):
                 tokens, expert_ids, weights, real, self.apply_experts, e, capacity
             )
         if self.shared_experts is not None:
-            out = out + call_layer(self.shared_experts, tokens)
+            out = out + call_layer(self.shared_experts, tokens, training=training)
         if training is not None:
             real = real()
             aux, z = self._router_losses(logits, probs, expert_ids, real)

@@ -224,8 +224,9 @@ def run_blocks(
     """
     if cache is None:
         padding_mask = backend.none_if_all_true(padding_mask)
-        for block in blocks:
-            x = block(x, padding_mask=padding_mask, training=training, **kwargs)
+        with backend.direct_calls(blocks):
+            for block in blocks:
+                x = block(x, padding_mask=padding_mask, training=training, **kwargs)
         return x
     caches = []
     for i, block in enumerate(blocks):
