@@ -323,10 +323,8 @@ def adam_update(variables, gradients, momentums, velocities, learning_rate, step
     a whole group of same-dtype variables where a per-variable loop makes one
     per variable (hundreds per step on a GPU), and one temporary per
     variable where Keras' PyTorch Adam makes five (each a fresh allocation,
-    page-faulted in on CPU). No host sync (`alpha` stays a tensor). Returns
-    False elsewhere: Keras' update, which XLA fuses anyway."""
-    if keras.config.backend() != "torch":
-        return False
+    page-faulted in on CPU). No host sync (`alpha` stays a tensor). PyTorch
+    only: other backends keep Keras' update, which XLA fuses anyway."""
     import torch
 
     beta_1, beta_2 = betas
@@ -350,7 +348,6 @@ def adam_update(variables, gradients, momentums, velocities, learning_rate, step
             torch._foreach_add_(denominator, epsilon)
             torch._foreach_div_(denominator, alpha)
             torch._foreach_addcdiv_(var, m, denominator, value=-1)
-    return True
 
 
 def update_cache(cache, update, index):
