@@ -233,6 +233,21 @@ class TestMaskedSparseCategoricalCrossentropy:
             to_float(loss(labels, logits)), to_float(dense), rtol=1e-5
         )
 
+    @pytest.mark.parametrize("eps", [0.0, 0.1])
+    def test_gradient_is_softmax_minus_target(self, rng, eps):
+        """d loss / d logits = (softmax - (1 - eps) onehot - eps / V) * w / sum(w)
+        at real tokens, 0 at ignored ones (PyTorch computes it in place)."""
+        from contracts import gradients
+
+        labels, logits, mask = padded_batch(rng)
+        variable = keras.Variable(logits)
+        loss = MaskedSparseCategoricalCrossentropy(ignore_class=0, label_smoothing=eps)
+        (grad,) = gradients(lambda: loss(labels, variable), [variable])
+        probs = np.exp(np_log_softmax(logits.astype("float64")))
+        target = (1 - eps) * np.eye(VOCAB)[labels] + eps / VOCAB
+        expected = (probs - target) * (mask / mask.sum())[..., None]
+        np.testing.assert_allclose(grad, expected, atol=1e-6)
+
     def test_probabilities_input(self, rng):
         labels, logits, mask = padded_batch(rng)
         probs = np.exp(np_log_softmax(logits)).astype("float32")

@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from keras_transformers.backend import scale_loss_for_distribution
+from keras_transformers.backend.cross_entropy import sparse_cross_entropy
 
 
 def check_ignore_class(ignore_class: Any) -> int | None:
@@ -120,16 +121,15 @@ def token_cross_entropy(
         labels = ops.where(valid, labels, ops.zeros_like(labels))
     index = ops.expand_dims(labels, axis=-1)
     if from_logits:
-        # One fused log-softmax (forward and backward) over the vocabulary;
-        # a logsumexp spelled out costs ~3 more passes over [B, T, V] on torch.
-        log_probs = ops.log_softmax(y_pred, axis=-1)
-        loss = -ops.squeeze(ops.take_along_axis(log_probs, index, axis=-1), axis=-1)
-        if label_smoothing:
-            uniform = -ops.mean(log_probs, axis=-1)
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * uniform
+        # PyTorch: one [B, T, V] buffer for forward and backward (see
+        # backend/cross_entropy.py). Elsewhere one fused log-softmax over the
+        # vocabulary; a logsumexp spelled out costs ~3 more passes.
+        loss = sparse_cross_entropy(y_pred, labels, label_smoothing)
+        log_probs = ops.log_softmax(y_pred, axis=-1) if loss is None else None
     else:
         probs = y_pred / ops.sum(y_pred, axis=-1, keepdims=True)
         log_probs = ops.log(ops.clip(probs, keras.config.epsilon(), 1.0))
+    if log_probs is not None:
         loss = -ops.squeeze(ops.take_along_axis(log_probs, index, axis=-1), axis=-1)
         if label_smoothing:
             uniform = -ops.mean(log_probs, axis=-1)
