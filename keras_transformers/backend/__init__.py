@@ -8,6 +8,7 @@ fallback that gives the same numbers.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import keras
 
@@ -269,13 +270,15 @@ def linear(x, kernel, bias, contracted):
     """`x [..., C_1..C_n] @ kernel [C_1..C_n, O_1..O_m] + bias [O_1..O_m]`
     (`n = contracted`; bias may be None) -> `[..., O_1..O_m]`, as one
     PyTorch `linear` (the bias added inside the matrix product) over the
-    flattened `C` and `O` axes. None where that does not apply (other
-    backends, or operands of different dtypes, whose promotion the caller's
-    Keras op handles): the caller then computes it with Keras ops."""
+    flattened `C` and `O` axes; on XLA:CPU as one 2-D product `[N, C] @
+    [C, O]` with `N` the flattened leading axes (see `_flat_linear`). None
+    where that does not apply (other backends, or operands of different
+    dtypes, whose promotion the caller's Keras op handles): the caller then
+    computes it with Keras ops."""
+    if xla_cpu():
+        return _flat_linear(x, kernel, bias, contracted)
     if keras.config.backend() != "torch":
         return None
-    import math
-
     import torch
 
     x, kernel = _torch_tensor(x), _torch_tensor(kernel)
@@ -290,6 +293,29 @@ def linear(x, kernel, bias, contracted):
         bias = bias.reshape(o)
     out = torch.nn.functional.linear(x, kernel.reshape(c, o).T, bias)
     return out if len(outer) == 1 else out.reshape(*out.shape[:-1], *outer)
+
+
+def _flat_linear(x, kernel, bias, contracted):
+    """`linear` on XLA:CPU. Given a 3-D `[B, T, C] x [C, O]` product,
+    XLA:CPU computes the kernel's gradient from a transposed copy of the
+    `[B, T, O]` output gradient, with the elementwise backward that produces
+    it (SiLU's, log-softmax's) fused into that strided copy: a SwiGLU
+    feed-forward's forward and backward (`[8, 256, 256]`, F 1024) takes
+    105 ms that way and 45 ms as 2-D products, an 8192-word LM head with its
+    cross-entropy 406 ms vs 146 ms. The reshapes are free (row-major)."""
+    from keras import ops
+
+    dtype = keras.backend.standardize_dtype
+    if dtype(x.dtype) != dtype(kernel.dtype) or (
+        bias is not None and dtype(bias.dtype) != dtype(x.dtype)
+    ):
+        return None
+    lead, outer = tuple(x.shape[: x.ndim - contracted]), tuple(kernel.shape[contracted:])
+    c = math.prod(kernel.shape[:contracted])
+    out = ops.matmul(ops.reshape(x, (-1, c)), ops.reshape(kernel, (c, -1)))
+    if bias is not None:
+        out = out + ops.reshape(bias, (-1,))
+    return ops.reshape(out, lead + outer)
 
 
 def norm(x, weight, bias, epsilon, rms=False):
