@@ -9,6 +9,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformers import backend
+
 from keras_transformers.layers.serializable import serializable
 
 CUBIC_A = -0.75  # PyTorch's (and so Hugging Face ViT's) bicubic kernel
@@ -154,7 +156,8 @@ class PatchEmbedding(keras.layers.Layer):
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # [B, h, w, p, p, C]
         x = ops.reshape(x, (-1, h * w, p * p * channels))
         kernel = ops.reshape(self.kernel, (p * p * channels, d))
-        x = ops.matmul(x, kernel) + self.bias  # [B, h*w, D]
+        projected = backend.linear(x, kernel, self.bias, 1)  # [B, h*w, D]
+        x = ops.matmul(x, kernel) + self.bias if projected is None else projected
         if self.class_token:
             cls = ops.broadcast_to(self.class_embedding, (ops.shape(x)[0], 1, d))
             x = ops.concatenate([ops.cast(cls, x.dtype), x], axis=1)
