@@ -10,7 +10,6 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-
 from keras_transformers.layers.serializable import serializable
 
 CUBIC_A = -0.75  # PyTorch's (and so Hugging Face ViT's) bicubic kernel
