@@ -15,18 +15,27 @@ from keras_transformers.backend import _torch_tensor
 
 def has_grouped_matmul() -> bool:
     """Whether `grouped_matmul` beats the `keras.ops` block layout here:
-    JAX on GPU/TPU (`jax.lax.ragged_dot`; on CPU XLA lowers it to a masked
-    dense product, ~10x slower than blocks), PyTorch (`grouped_mm`, CPU and
-    CUDA; a per-expert loop where torch lacks it) and TensorFlow outside XLA
-    (a per-expert loop over `tf.split` groups)."""
+    JAX (`jax.lax.ragged_dot` on GPU/TPU; on CPU, where XLA lowers that to
+    a masked dense product, loops over row chunks, see
+    `jax_grouped.grouped_matmul`), PyTorch (`grouped_mm`, CPU and CUDA; a
+    per-expert loop where torch lacks it) and TensorFlow outside XLA (a
+    per-expert loop over `tf.split` groups)."""
     backend = keras.config.backend()
     if backend == "jax":
-        import jax
-
-        return jax.default_backend() in ("gpu", "tpu")
+        return True
     if backend == "tensorflow":  # a per-expert loop; XLA needs static shapes
         return not _in_xla_context()
     return backend == "torch"
+
+
+def grouped_matmul_loops() -> bool:
+    """Whether `grouped_matmul` loops over row chunks (JAX on CPU), a cost
+    per group that decoding a handful of tokens should not pay."""
+    if keras.config.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
 
 
 def _in_xla_context() -> bool:
@@ -67,7 +76,12 @@ def grouped_matmul(x, kernels, group_sizes):
     if backend == "jax":
         import jax
 
-        return jax.lax.ragged_dot(x, kernels, group_sizes.astype("int32"))
+        from keras_transformers.backend import jax_grouped
+
+        sizes = group_sizes.astype("int32")
+        if grouped_matmul_loops():
+            return jax_grouped.grouped_matmul(x, kernels, sizes)
+        return jax.lax.ragged_dot(x, kernels, sizes)
     if backend == "tensorflow":
         import tensorflow as tf
 

@@ -9,10 +9,11 @@ expert's rows by that expert's weights only (a grouped matmul), so expert
 FLOPs and activation memory scale with k, not E:
 
 * `backend.grouped_matmul` where the backend has a grouped matmul that
-  pays off (`jax.lax.ragged_dot` on GPU/TPU, PyTorch's `grouped_mm`, a
-  per-expert loop in eager TensorFlow): `SortedPlan` (one argsort);
-* otherwise `DispatchPlan`'s "blocks" layout: pure `keras.ops`, static
-  shapes (XLA): each expert's rows are padded to a multiple of a block size,
+  pays off (`jax.lax.ragged_dot` on GPU/TPU, loops over row chunks with a
+  custom gradient on JAX's CPU, PyTorch's `grouped_mm`, a per-expert loop
+  in eager TensorFlow): `SortedPlan` (one argsort);
+* otherwise (TensorFlow under XLA) `DispatchPlan`'s "blocks" layout:
+  pure `keras.ops`, static shapes: each expert's rows are padded to a multiple of a block size,
   and every block is multiplied by its expert's kernel in one batched
   matmul. Padding adds at most `E * (block - 1)` rows.
 
@@ -229,13 +230,19 @@ def sparse_experts(
     else:
         layout = "grouped" if backend.has_grouped_matmul() else "blocks"
     n, k = ops.shape(expert_ids)
-    if layout == "blocks" and isinstance(n, int) and n * k < num_experts:
+    # Layouts that pay per group or block even for a handful of rows (the
+    # block layout, the chunk loops of JAX on CPU), unlike PyTorch's
+    # `grouped_mm`, hand decoding-size inputs to the two paths below.
+    per_group_cost = layout == "blocks" or (
+        layout == "grouped" and backend.grouped_matmul_loops()
+    )
+    if per_group_cost and isinstance(n, int) and n * k < num_experts:
         # Fewer routed assignments than experts (e.g. decoding one token):
         # each times its own expert's gathered kernel. Cheaper than E
-        # blocks; same numbers. (A grouped matmul skips empty groups.)
+        # blocks; same numbers.
         return gathered_experts(tokens, expert_ids, weights, apply_experts), None
     if (
-        layout == "blocks"
+        per_group_cost
         and isinstance(n, int)
         and n <= block_size(n * k, num_experts)
     ):
