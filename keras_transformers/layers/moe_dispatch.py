@@ -13,9 +13,10 @@ FLOPs and activation memory scale with k, not E:
   custom gradient on JAX's CPU, PyTorch's `grouped_mm`, a per-expert loop
   in eager TensorFlow): `SortedPlan` (one argsort);
 * otherwise (TensorFlow under XLA) `DispatchPlan`'s "blocks" layout:
-  pure `keras.ops`, static shapes: each expert's rows are padded to a multiple of a block size,
-  and every block is multiplied by its expert's kernel in one batched
-  matmul. Padding adds at most `E * (block - 1)` rows.
+  pure `keras.ops`, static shapes: each expert's rows are padded to a
+  multiple of a block size, and every block is multiplied by its expert's
+  kernel in one batched matmul. Padding adds at most `E * (block - 1)`
+  rows.
 
 With a capacity (`DispatchPlan`'s "capacity" layout) each expert takes at
 most C assignments in `[E, C, D]` buckets; the overflow is dropped (those
