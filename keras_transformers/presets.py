@@ -1,5 +1,6 @@
-"""Presets: built-in architectures, saved preset directories and Hugging Face
-model directories, behind one `from_preset(handle)`.
+"""Presets: built-in architectures, saved preset directories, Hugging Face
+model directories and Hugging Face hub handles, behind one
+`from_preset(handle)`.
 
 A built-in preset is `presets/<name>.json` (sub-folders allowed)::
 
@@ -9,6 +10,10 @@ A built-in preset is `presets/<name>.json` (sub-folders allowed)::
 A saved preset directory holds `config.json` (class, family, config),
 `model.weights.h5`, `metadata.json` and, when the model has one, the
 tokenizer's files under `tokenizer/`.
+
+A hub handle `hf://org/name` (optionally `@revision`) is fetched into the
+Hugging Face cache by `keras_transformers.hub.resolve` once, at the start of
+a load, and the snapshot directory then loads as a Hugging Face directory.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ def _builtin(name: str) -> dict:
     if name not in files:
         raise ValueError(
             f"Unknown preset {name!r}. Built-in presets: {sorted(files)}. A preset can "
-            "also be a directory written by `save_to_preset` or a Hugging Face model directory."
+            "also be a directory written by `save_to_preset`, a Hugging Face model "
+            "directory or a hub handle `hf://org/name`."
         )
     data = _read_json(files[name], "Preset file")
     for key in ("family", "config", "metadata"):
@@ -114,7 +120,16 @@ def _kind(handle) -> str:
     return "builtin"
 
 
+def _local(handle, weights: bool = True):
+    """The snapshot directory of an `hf://` handle (fetched if needed, see
+    `keras_transformers.hub.resolve`); any other handle unchanged."""
+    from keras_transformers import hub
+
+    return hub.resolve(handle, weights=weights) if hub.is_hub_handle(handle) else handle
+
+
 def _preset_data(handle) -> dict:
+    handle = _local(handle, weights=False)
     kind = _kind(handle)
     if kind == "builtin":
         return _builtin(str(handle))
@@ -132,8 +147,16 @@ def load_config(name_or_path, **overrides) -> TransformerConfig:
 
     Args:
         name_or_path: a built-in preset name, a preset JSON file, a saved
-            preset directory or a Hugging Face model directory.
+            preset directory, a Hugging Face model directory or a hub handle
+            `hf://org/name[@revision]` (only its config and tokenizer files
+            are fetched).
         **overrides: config fields to change, e.g. `max_sequence_length=256`.
+
+    Raises:
+        ValueError: unknown preset, invalid config, or (`HubContentError`) a
+            hub repository we cannot load.
+        FileNotFoundError: missing files, or (`HubAccessError`) a hub
+            repository or revision that cannot be reached.
     """
     data = _preset_data(name_or_path)
     if "config" not in data:
@@ -173,7 +196,9 @@ def load_model(
     """Builds the model a preset describes (used by every `from_preset`).
 
     Args:
-        handle: built-in name, saved preset directory or Hugging Face directory.
+        handle: built-in name, saved preset directory, Hugging Face directory
+            or hub handle `hf://org/name[@revision]` (fetched into the
+            Hugging Face cache first, see `keras_transformers.hub`).
         cls: the class asked for (None: the preset's own class).
         load_weights: load the saved or converted weights (built-in presets
             have none: random initialisation).
@@ -184,7 +209,16 @@ def load_model(
             the global distribution (what `fit()` and `generate()` then use)
             and the weights are created sharded by its layout.
         **overrides: config fields to change.
+
+    Raises:
+        ValueError: unknown preset or class mismatch, invalid config, or
+            (`keras_transformers.hub.HubContentError`) a hub repository with
+            only pickle weights or an unsupported `model_type`.
+        FileNotFoundError: missing files, or
+            (`keras_transformers.hub.HubAccessError`) a hub repository or
+            revision not found, gated, or offline with nothing cached.
     """
+    handle = _local(handle, weights=load_weights)
     if distribution is not None:
         _activate_distribution(handle, cls, distribution, overrides)
     kind = _kind(handle)

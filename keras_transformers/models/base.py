@@ -283,9 +283,10 @@ class ConfiguredModel(keras.Model):
 
     @classmethod
     def from_preset(cls, handle, **overrides):
-        """Builds this model from a preset name, a saved preset directory or
-        a Hugging Face model directory; `overrides` replace config values
-        (e.g. `dropout=0.1`) or set `dtype`, `load_weights=False`."""
+        """Builds this model from a preset name, a saved preset directory, a
+        Hugging Face model directory or a hub handle `hf://org/name[@rev]`
+        (fetched into the Hugging Face cache first); `overrides` replace
+        config values (e.g. `dropout=0.1`) or set `dtype`, `load_weights=False`."""
         from keras_transformers import presets
 
         return presets.load_model(handle, cls=cls, **overrides)
