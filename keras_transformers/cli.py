@@ -8,6 +8,7 @@ Usage::
     keras-transformers finetune runs/bert_tiny --task classify --data tweets.csv \
         --text-column text --label-column label --output runs/classifier
     keras-transformers generate runs/gpt_mini --prompt "The Python" [--stream]
+    keras-transformers chat hf://HuggingFaceTB/SmolLM2-135M-Instruct [--system TEXT]
     keras-transformers train transformer_tiny --source en.txt --target fr.txt \
         --output runs/en_fr        (or --task numbers: no files needed)
     keras-transformers translate runs/en_fr --text "Hello." [--num-beams 4]
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 # Quiet TensorFlow's C++ start-up logs (the tokenizer imports it); set before
 # anything imports TensorFlow. Users can still override it.
@@ -41,7 +41,6 @@ from keras_transformers.cli_train import (  # noqa: E402
     PROG,
     CLIError,
     _generate,
-    _quiet_stderr,
     train_model,
 )
 
@@ -168,12 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_finetune_parser(commands, _positive_int, _positive_float)
     add_translate_parser(commands, _positive_int, _positive_float)
 
+    from keras_transformers.cli_chat import HANDLE_HELP, add_chat_parser
+
+    add_chat_parser(commands, _positive_int, _positive_float)
     generate = commands.add_parser(
         "generate",
-        help="generate text with a saved preset",
-        description="Loads a preset directory (with its tokenizer) and continues a prompt.",
+        help="generate text with a saved preset or a Hugging Face checkpoint",
+        description="Loads a model (with its tokenizer) and continues a prompt.",
     )
-    generate.add_argument("directory", metavar="DIR", help="a saved preset directory")
+    generate.add_argument("handle", metavar="HANDLE", help=HANDLE_HELP)
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-new-tokens", type=_positive_int, default=64)
     generate.add_argument(
@@ -271,31 +273,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_generation(directory: str):
-    from keras_transformers.presets import CONFIG_FILE, from_preset
+def _load_for_generation(handle: str):
+    from keras_transformers.cli_chat import load_for_generation
 
-    path = Path(directory)
-    if not path.is_dir():
-        raise CLIError(
-            f"{directory} is not a directory. Pass a directory written by `{PROG} train`."
-        )
-    if not (path / CONFIG_FILE).is_file():
-        raise CLIError(
-            f"{directory} holds no saved preset ({CONFIG_FILE} is missing). "
-            f"Pass a directory written by `{PROG} train` or `save_to_preset`."
-        )
-    try:
-        with _quiet_stderr():
-            model = from_preset(directory)
-    except (ValueError, FileNotFoundError) as error:
-        raise CLIError(f"cannot load {directory}: {error}") from None
-    if not hasattr(model, "generate"):
-        raise CLIError(
-            f"{directory} holds a {type(model).__name__}, which cannot generate text."
-        )
-    if getattr(model, "tokenizer", None) is None:
-        raise CLIError(f"{directory} has no tokenizer; text generation needs one.")
-    return model
+    return load_for_generation(handle)
 
 
 class _StreamPrinter:
@@ -333,7 +314,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Continues `--prompt` with a saved preset and prints the text."""
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise CLIError(f"--top-p must be in (0, 1], got {args.top_p}.")
-    model = _load_for_generation(args.directory)
+    model = _load_for_generation(args.handle)
     options = dict(
         sampler=args.sampler,
         temperature=args.temperature,
@@ -362,6 +343,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Runs `chat` (see `cli_chat.cmd_chat`)."""
+    from keras_transformers.cli_chat import cmd_chat as chat
+
+    return chat(args)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Runs `translate` (see `cli_seq2seq.cmd_translate`)."""
     from keras_transformers.cli_seq2seq import cmd_translate as translate
@@ -374,6 +362,7 @@ COMMANDS = {
     "train": cmd_train,
     "finetune": cmd_finetune,
     "generate": cmd_generate,
+    "chat": cmd_chat,
     "translate": cmd_translate,
 }
 

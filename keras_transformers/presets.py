@@ -257,7 +257,11 @@ def load_model(
         from keras_transformers.models.vit import with_image_size
 
         source = with_image_size(source, config.vision.image_size)
-    return _convert_between(source, cls, tokenizer, task_args)
+    from keras_transformers.generation.config import attach_generation_config
+
+    model = _convert_between(source, cls, tokenizer, task_args)
+    attach_generation_config(model, handle)  # generation_config.json, if any
+    return model
 
 
 def _activate_distribution(handle, cls, distribution, overrides):
@@ -372,6 +376,9 @@ def save_model(model, directory) -> None:
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.save_assets(str(path / TOKENIZER_DIR))
+    from keras_transformers.generation.config import save_generation_config
+
+    save_generation_config(model, path)  # generation_config.json, if any
 
 
 def load_assets(directory):

@@ -169,6 +169,84 @@ def test_generate_stream_matches_batch(trained, capsys):
     assert streamed == batch
 
 
+def test_generate_from_a_hugging_face_directory(trained, capsys, tmp_path):
+    from keras_transformers.convert import export_hf
+
+    model, output, _ = trained
+    export_hf(model, tmp_path / "hf")
+    argv = ["--prompt", "The", "--max-new-tokens", "5", "--sampler", "greedy"]
+    assert cli.main(["generate", str(output)] + argv) == 0
+    saved = capsys.readouterr().out
+    assert cli.main(["generate", str(tmp_path / "hf")] + argv) == 0
+    assert capsys.readouterr().out == saved
+
+
+# -- chat -------------------------------------------------------------------
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.fixture
+def template_file(tmp_path):
+    path = tmp_path / "chat.jinja"
+    path.write_text(CHAT_TEMPLATE)
+    return path
+
+
+def test_chat_loop(trained, template_file, capsys, monkeypatch):
+    _, output, _ = trained
+    lines = "The first\n\n/reset\nThe second\n/exit\nnever read\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    argv = ["chat", str(output), "--chat-template", str(template_file)]
+    argv += ["--max-new-tokens", "4", "--system", "Be brief."]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    model = keras_transformers.from_preset(str(output))
+    system = [{"role": "system", "content": "Be brief."}]
+    replies = [
+        model.chat(
+            system + [{"role": "user", "content": text}],
+            max_new_tokens=4,
+            chat_template=CHAT_TEMPLATE,
+        )
+        for text in ("The first", "The second")
+    ]
+    assert out == f"{replies[0]}\n(new conversation)\n{replies[1]}\n"
+
+
+def test_chat_through_a_pipe(trained, template_file):
+    _, output, _ = trained
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformers.cli", "chat", str(output)]
+        + ["--chat-template", str(template_file), "--max-new-tokens", "3"],
+        input="Hello\nAgain\n",
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2  # one line per reply, then EOF
+
+
+def test_chat_errors(trained, capsys, tmp_path):
+    _, output, _ = trained
+    status, err = _errors(capsys, ["chat", str(output)])
+    assert status == 2 and "no chat template" in err and "chat_template" in err
+    bare = tmp_path / "bare"
+    keras_transformers.from_preset("gpt_llama_tiny").save_to_preset(bare)
+    status, err = _errors(capsys, ["chat", str(bare)])
+    assert status == 2 and "has no tokenizer" in err
+    status, err = _errors(capsys, ["chat", str(tmp_path / "nowhere")])
+    assert status == 2 and "not a directory" in err and "hf://" in err
+    missing = ["chat", str(output), "--chat-template", str(tmp_path / "no.jinja")]
+    status, err = _errors(capsys, missing)
+    assert status == 2 and "--chat-template" in err
+
+
 # -- errors -----------------------------------------------------------------
 
 

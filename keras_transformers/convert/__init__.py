@@ -161,6 +161,9 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
             require = backbone is not model
             module.load_weights(backbone, checkpoint, require_head=require)
         checkpoint.warn_unused()
+    from keras_transformers.generation.config import attach_generation_config
+
+    attach_generation_config(model, path)  # generation_config.json, if any
     return model
 
 

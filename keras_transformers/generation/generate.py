@@ -10,6 +10,12 @@ rolling cache is filled with a bucketed prefix of the shortest prompt only
 bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd,
 prefilling only the shortest prompt, with a Python-int position (see
 `backend.while_loop`).
+
+Each step runs the logits processors (`processors.py`: repetition penalty,
+minimum length) before the sampler. Streaming and stop strings run the same
+loop a chunk of positions at a time with the host in between
+(`_chunked`; `stop_strings.py`). Defaults come from the model's
+`generation_config` (`config.py`).
 """
 
 from __future__ import annotations
@@ -19,108 +25,77 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import compile_function
-from keras_transformers.generation.sampling import SamplerSpec, next_token
+from keras_transformers.generation import stop_strings as stop_strings_module
+from keras_transformers.generation.config import generation_config, resolve_sampler
+from keras_transformers.generation.processors import (
+    LogitsSettings,
+    initial_presence,
+    process_logits,
+    stop_mask,
+    update_presence,
+)
+from keras_transformers.generation.prompts import (  # noqa: F401 (re-exported)
+    _check_ids,
+    _check_rows,
+    _prompt_rows,
+    pad_rows,
+)
+from keras_transformers.generation.sampling import next_token
 
 BUCKET = 32
-
-
-def _prompt_rows(model, prompts, ids_key="token_ids", mask_key="padding_mask"):
-    """Normalises prompts to a list of id lists; returns (rows, was_text, single).
-
-    A dict gives its ids under `ids_key` and its (right-padding) mask under
-    `mask_key`; strings are encoded with `model.tokenizer`."""
-    single = isinstance(prompts, str)
-    if single:
-        prompts = [prompts]
-    if isinstance(prompts, dict):
-        ids = np.asarray(ops.convert_to_numpy(prompts[ids_key]))
-        mask = prompts.get(mask_key)
-        mask = (
-            np.ones_like(ids, bool)
-            if mask is None
-            else np.asarray(ops.convert_to_numpy(mask)).astype(bool)
-        )
-        return [list(r[m]) for r, m in zip(ids, mask)], False, False
-    if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], str):
-        if getattr(model, "tokenizer", None) is None:
-            raise ValueError(
-                "Text prompts need a tokenizer: pass token ids, or attach one with "
-                "`model.tokenizer = ...` (presets saved with a tokenizer restore it)."
-            )
-        return [list(model.tokenizer.encode(p)) for p in prompts], True, single
-    array = (
-        prompts if isinstance(prompts, (list, tuple)) else ops.convert_to_numpy(prompts)
-    )
-    if isinstance(array, np.ndarray) and array.ndim == 1:
-        array = array[None]
-        single = True
-    rows = [list(np.asarray(r).reshape(-1)) for r in array]
-    return rows, False, single
-
-
-def _check_ids(rows, config, noun="prompt", arg="prompts"):
-    """Every row is non-empty with ids in [0, vocabulary_size)."""
-    if not rows:
-        raise ValueError(f"`{arg}` is empty: pass at least one {noun}.")
-    for i, row in enumerate(rows):
-        if len(row) == 0:
-            example = "a BOS id" if noun == "prompt" else "the end token"
-            raise ValueError(
-                f"{noun.capitalize()} {i} is empty: generation needs at least one "
-                f"token (e.g. {example})."
-            )
-        bad = [t for t in row if not 0 <= int(t) < config.vocabulary_size]
-        if bad:
-            raise ValueError(
-                f"{noun.capitalize()} {i} contains id {int(bad[0])}, outside "
-                f"[0, vocabulary_size={config.vocabulary_size}). Check that the "
-                "tokenizer matches the model."
-            )
-
-
-def _check_rows(rows, config, total):
-    _check_ids(rows, config)
-    if total > config.max_sequence_length:
-        raise ValueError(
-            f"Prompt length {max(map(len, rows))} plus max_new_tokens needs {total} positions, "
-            f"more than max_sequence_length={config.max_sequence_length}. "
-            "Shorten the prompt or lower `max_new_tokens`."
-        )
+DEFAULT_MAX_NEW_TOKENS = 32
 
 
 def _stop_ids(model, stop_token_ids):
+    """The ids that end a row. "auto": the generation config's end ids,
+    else the model config's, else the tokenizer's."""
     if stop_token_ids == "auto":
-        eos = model.config.eos_token_id
+        eos = generation_config(model).eos_token_id
+        if eos is None and model.config.eos_token_id is not None:
+            eos = (model.config.eos_token_id,)
         if eos is None and getattr(model, "tokenizer", None) is not None:
-            eos = getattr(model.tokenizer, "eos_token_id", None)
-        return () if eos is None else (int(eos),)
+            token = getattr(model.tokenizer, "eos_token_id", None)
+            eos = None if token is None else (token,)
+        return () if eos is None else tuple(int(t) for t in eos)
     if stop_token_ids is None:
         return ()
+    if isinstance(stop_token_ids, int):
+        return (int(stop_token_ids),)
     return tuple(int(t) for t in stop_token_ids)
 
 
-def _step_fn(model, spec, stop_ids, pad_id, call=None):
+def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
     """The loop body: produce position `index` for every row.
 
     `call(token_ids [B, 1], cache, cache_index) -> (logits [B, 1, V], cache)`
-    is one cached decoding step (default: `model.call_with_cache`)."""
+    is one cached decoding step (default: `model.call_with_cache`). The
+    state is `(index, token_ids [B, L], cache, done [B], generated [B, L],
+    seen [B, V])` (see `processors`); `consts` is `(prompt_mask [B, L],
+    limits [B], min_limits [B], uniforms [L, B])`."""
     call = model.call_with_cache if call is None else call
+    settings = LogitsSettings() if settings is None else settings
     stop = (
         None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
     )
+    stop_vocab = stop_mask(stop_ids, model.config.vocabulary_size)
 
-    def step(index, token_ids, cache, done, generated, prompt_mask, limits, uniforms):
+    def step(state, consts):
+        index, token_ids, cache, done, generated, seen = state
+        prompt_mask, limits, min_limits, uniforms = consts
         batch = token_ids.shape[0]
         previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # [B, 1]
         logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
+        logits = ops.cast(logits[:, 0, :], "float32")  # [B, V]
+        logits = process_logits(logits, index, seen, min_limits, stop_vocab, settings)
         uniform = ops.take(uniforms, index, axis=0) if spec.random else None  # [B]
-        sampled = next_token(logits[:, 0, :], uniform, spec)  # [B]
+        sampled = next_token(logits, uniform, spec)  # [B]
         in_prompt = ops.slice(prompt_mask, (0, index), (batch, 1))[:, 0]
         current = ops.slice(token_ids, (0, index), (batch, 1))[:, 0]
         token = ops.where(in_prompt, current, ops.where(done, pad_id, sampled))
         new = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
         token_ids = backend.update_cache(token_ids, token[:, None], index)
         generated = backend.update_cache(generated, new[:, None], index)
+        seen = update_presence(seen, token, new, settings)
         finished = index + 1 >= limits
         if stop is not None:
             hit = ops.any(token[:, None] == stop[None, :], axis=-1)
@@ -128,7 +103,7 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None):
         done = ops.logical_or(
             done, ops.logical_and(finished, ops.logical_not(in_prompt))
         )
-        return index + 1, token_ids, cache, done, generated
+        return index + 1, token_ids, cache, done, generated, seen
 
     return step
 
@@ -166,35 +141,48 @@ def _prefill(model, token_ids, prefix=None):
     return cache
 
 
-def decode_loop(step, token_ids, cache, prompt_mask, limits, uniforms, start, end):
-    """Runs `step` (from `_step_fn`) for positions `start .. end - 1` inside
-    one `ops.while_loop`, stopping once every row is done.
-
-    Returns `(token_ids [B, L], generated [B, L])`, `generated` True where
-    the loop wrote a new token."""
+def initial_state(start, token_ids, cache, seen):
+    """The loop state before the first step (see `_step_fn`)."""
     done = ops.zeros((token_ids.shape[0],), "bool")
     generated = ops.zeros(token_ids.shape, "bool")
+    return (start, token_ids, cache, done, generated, seen)
 
-    def cond(index, token_ids, cache, done, generated):
+
+def decode_loop(step, state, consts, end):
+    """Runs `step` (from `_step_fn`) from the state's index to `end - 1`
+    inside one `ops.while_loop`, stopping once every row is done.
+
+    Returns the final state; its `token_ids [B, L]` and `generated [B, L]`
+    (True where the loop wrote a new token) are items 1 and 4."""
+
+    def cond(index, token_ids, cache, done, generated, seen):
         return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
 
-    def body(index, token_ids, cache, done, generated):
-        return step(
-            index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
-        )
+    def body(*state):
+        return step(state, consts)
 
-    state = backend.while_loop(cond, body, (start, token_ids, cache, done, generated))
-    return state[1], state[4]
+    return backend.while_loop(cond, body, tuple(state))
 
 
-def _loop_fn(model, spec, stop_ids, pad_id, prefix=None):
-    step = _step_fn(model, spec, stop_ids, pad_id)
+def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings):
+    step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
 
-    def run(token_ids, prompt_mask, limits, uniforms, start, end):
+    def run(token_ids, seen, prompt_mask, limits, min_limits, uniforms, start, end):
         cache = _prefill(model, token_ids, prefix)
-        return decode_loop(
-            step, token_ids, cache, prompt_mask, limits, uniforms, start, end
+        consts = (prompt_mask, limits, min_limits, uniforms)
+        state = decode_loop(
+            step, initial_state(start, token_ids, cache, seen), consts, end
         )
+        return state[1], state[4]
+
+    return run
+
+
+def _chunk_fn(model, spec, stop_ids, pad_id, settings):
+    step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
+
+    def run(state, consts, end):
+        return decode_loop(step, state, consts, end)
 
     return run
 
@@ -202,53 +190,82 @@ def _loop_fn(model, spec, stop_ids, pad_id, prefix=None):
 def generate(
     model,
     prompts,
-    max_new_tokens: int = 32,
-    sampler: str = "greedy",
-    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    sampler: str | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     stop_token_ids="auto",
     seed: int | None = None,
     stream=None,
+    stop_strings=None,
+    min_new_tokens: int | None = None,
+    repetition_penalty: float | None = None,
 ):
     """Generates continuations of `prompts` with a causal LM.
+
+    Settings left at None take the model's `generation_config` (read from
+    a Hugging Face checkpoint's `generation_config.json`), else the defaults
+    below.
 
     Args:
         model: a `CausalLM` (e.g. `GPTCausalLM`).
         prompts: a string or list of strings (needs `model.tokenizer`), a
             list of id lists of different lengths, a `[B, T]` id array, or a
             dict with `token_ids` and `padding_mask` (right padding).
-        max_new_tokens: tokens to add to each prompt at most.
-        sampler: "greedy", "random", "top_k" or "top_p".
-        temperature: softmax temperature for the random samplers.
-        top_k: k for "top_k" (giving `top_k` alone selects it).
-        top_p: nucleus mass for "top_p" (giving `top_p` alone selects it).
-        stop_token_ids: ids that end a row ("auto": the config's or the
+        max_new_tokens: tokens to add to each prompt at most (default: the
+            generation config's `max_new_tokens`, or its `max_length` minus
+            the longest prompt, else 32).
+        sampler: "greedy", "random", "top_k" or "top_p". None: greedy,
+            unless `top_k` / `top_p` is given or the generation config has
+            `do_sample` (then its temperature, top_k and top_p).
+        temperature: softmax temperature of the random samplers (default 1).
+        top_k: k of "top_k" (giving `top_k` alone selects it; with
+            "top_p", the nucleus is taken among the top k).
+        top_p: nucleus mass of "top_p" (giving `top_p` alone selects it).
+        stop_token_ids: ids that end a row ("auto": the generation config's
+            `eos_token_id`, an int or a list, else the model config's or the
             tokenizer's end token; None: never stop early). The stop token is
             kept in the output.
         seed: seed of the random samplers (same tokens on every backend).
         stream: optional callable `stream(tokens)` called after every step
             with a `[B]` int array of the new tokens (-1 where a row produced
-            none). Streaming runs the compiled step in a Python loop.
+            none). Streaming runs the compiled loop one step at a time.
+        stop_strings: a string or list of strings (needs `model.tokenizer`):
+            a row stops once its decoded completion contains one. Its ids
+            end with the token that completes the string (as Hugging Face's
+            `StopStringCriteria`); text results are cut right after it.
+        min_new_tokens: the stop ids are masked (-inf) until a row has
+            generated this many tokens (default 0).
+        repetition_penalty: tokens already in the row (prompt or generated)
+            have positive logits divided, negative ones multiplied, by it
+            (Hugging Face's `RepetitionPenaltyLogitsProcessor`; default 1.0,
+            no penalty).
 
     Returns:
         For text prompts, the prompt plus completion as strings (a single
         string for a single prompt); otherwise a `[B, T_out]` int32 NumPy
         array: each prompt followed by its completion, padded with
         `pad_token_id`.
+
+    Raises:
+        ValueError: an invalid setting, an empty or out-of-vocabulary
+            prompt, a prompt too long for `max_sequence_length`, or text
+            prompts / stop strings without a tokenizer.
     """
-    if sampler == "greedy" and top_k is not None:
-        sampler = "top_k"
-    if sampler == "greedy" and top_p is not None:
-        sampler = "top_p"
-    spec = SamplerSpec(sampler, float(temperature), top_k, top_p)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(
-            f"`max_new_tokens` must be a positive integer. Received: {max_new_tokens!r}"
-        )
+    defaults = generation_config(model)
+    spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)
+    settings = LogitsSettings(
+        float(_pick(repetition_penalty, defaults.repetition_penalty, 1.0)),
+        _pick(min_new_tokens, defaults.min_new_tokens, 0),
+    )
+    strings = stop_strings_module.normalize(stop_strings)
+    if strings and getattr(model, "tokenizer", None) is None:
+        raise ValueError("`stop_strings` need a tokenizer: set `model.tokenizer`.")
     config = model.config
     rows, was_text, single = _prompt_rows(model, prompts)
     lengths = np.array([len(r) for r in rows])
+    max_new_tokens = _max_new_tokens(max_new_tokens, defaults, lengths, config)
     total = int(lengths.max()) + max_new_tokens
     _check_rows(rows, config, total)
     length = min(-(-total // BUCKET) * BUCKET, config.max_sequence_length)
@@ -259,39 +276,66 @@ def generate(
         token_ids[i, : len(row)] = row
         prompt_mask[i, : len(row)] = True
     limits = (lengths + max_new_tokens).astype("int32")
+    min_limits = (lengths + settings.min_new_tokens).astype("int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
+    seen = initial_presence(token_ids, prompt_mask, config.vocabulary_size, settings)
     stop_ids = _stop_ids(model, stop_token_ids)
     shortest = int(lengths.min())
     prefix = _prefix_length(config, shortest, length)
     start = shortest if prefix is None else min(shortest, prefix + 1)
-    end = total
-    args = [token_ids, prompt_mask, limits, uniforms]
+    args = [token_ids, seen, prompt_mask, limits, min_limits, uniforms]
     args = [ops.convert_to_tensor(a) for a in args]
-    if stream is None:
+    key = (spec, settings)
+    checker = None
+    if strings:
+        checker = stop_strings_module.StopStringChecker(model.tokenizer, strings, batch)
+    if stream is None and checker is None:
         fn = _compiled(
             model,
             "loop" if prefix is None else ("loop", prefix),
-            spec,
+            key,
             stop_ids,
-            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix),
+            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix, settings),
         )
         out_ids, generated = fn(
-            *args,
-            backend.loop_index(start),
-            backend.loop_index(end),
+            *args, backend.loop_index(start), backend.loop_index(total)
         )
+        out_ids = np.asarray(ops.convert_to_numpy(out_ids))
+        generated = np.asarray(ops.convert_to_numpy(generated))
     else:
-        out_ids, generated = _stream(
-            model, spec, stop_ids, pad_id, args, start, end, stream, prefix
+        out_ids, generated = _chunked(
+            model,
+            (spec, settings),
+            stop_ids,
+            args,
+            (start, total),
+            prefix,
+            stream,
+            checker,
         )
-    return _finish(
-        model,
-        np.asarray(ops.convert_to_numpy(out_ids)),
-        np.asarray(ops.convert_to_numpy(generated)),
-        prompt_mask,
-        was_text,
-        single,
-    )
+    return _finish(model, out_ids, generated, prompt_mask, was_text, single, checker)
+
+
+def _pick(value, default, fallback):
+    """The first of (explicit value, generation-config default) that is set."""
+    if value is not None:
+        return value
+    return fallback if default is None else default
+
+
+def _max_new_tokens(value, defaults, lengths, config):
+    if value is None and defaults.max_new_tokens is not None:
+        value = defaults.max_new_tokens
+    elif value is None and defaults.max_length is not None:
+        limit = min(defaults.max_length, config.max_sequence_length)
+        value = max(1, limit - int(lengths.max()))
+    elif value is None:
+        value = DEFAULT_MAX_NEW_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`max_new_tokens` must be a positive integer. Received: {value!r}"
+        )
+    return value
 
 
 def _compiled(model, kind, spec, stop_ids, make):
@@ -305,9 +349,13 @@ def _compiled(model, kind, spec, stop_ids, make):
     return store[key]
 
 
-def _stream(model, spec, stop_ids, pad_id, args, start, end, callback, prefix=None):
-    token_ids, prompt_mask, limits, uniforms = args
-    step = _step_fn(model, spec, stop_ids, pad_id)
+def _chunked(model, key, stop_ids, args, span, prefix, callback, checker):
+    """Runs the loop a chunk of positions at a time (one when streaming):
+    between chunks, new tokens go to `callback` and `checker` (stop
+    strings) marks rows done. Returns NumPy `(token_ids, generated)`."""
+    spec, settings = key
+    token_ids, seen, *consts = args
+    pad_id = model.config.pad_token_id
     prefill = _compiled(
         model,
         "prefill" if prefix is None else ("prefill", prefix),
@@ -315,36 +363,51 @@ def _stream(model, spec, stop_ids, pad_id, args, start, end, callback, prefix=No
         (),
         lambda: lambda ids: _prefill(model, ids, prefix),
     )
-    step_c = _compiled(model, "step", spec, stop_ids, lambda: step)
-    cache = prefill(token_ids)
-    done = ops.zeros((token_ids.shape[0],), "bool")
-    generated = ops.zeros(token_ids.shape, "bool")
-    index = backend.loop_index(start)
-    for i in range(start, end):
-        index, token_ids, cache, done, generated = step_c(
-            index, token_ids, cache, done, generated, prompt_mask, limits, uniforms
-        )
-        new = np.asarray(ops.convert_to_numpy(generated[:, i]))
-        tokens = np.where(new, np.asarray(ops.convert_to_numpy(token_ids[:, i])), -1)
-        if new.any():
-            callback(tokens)
-        if bool(np.asarray(ops.convert_to_numpy(ops.all(done)))):
+    chunk = _compiled(
+        model,
+        "chunk",
+        key,
+        stop_ids,
+        lambda: _chunk_fn(model, spec, stop_ids, pad_id, settings),
+    )
+    start, end = span
+    size = 1 if callback is not None else stop_strings_module.CHUNK
+    state = initial_state(
+        backend.loop_index(start), token_ids, prefill(token_ids), seen
+    )
+    position = start
+    while position < end:
+        stop_at = min(position + size, end)
+        state = chunk(tuple(state), tuple(consts), backend.loop_index(stop_at))
+        ids = np.asarray(ops.convert_to_numpy(state[1]))
+        generated = np.asarray(ops.convert_to_numpy(state[4]))
+        done = np.asarray(ops.convert_to_numpy(state[3]))
+        if callback is not None:
+            new = generated[:, position]
+            if new.any():
+                callback(np.where(new, ids[:, position], -1))
+        if checker is not None:
+            stopped = checker.update(ids, generated)
+            if stopped:
+                done[stopped] = True
+                state = (*state[:3], ops.convert_to_tensor(done), *state[4:])
+        position = stop_at
+        if done.all():
             break
-    return token_ids, generated
+    if checker is not None:
+        checker.trim(generated)
+    return ids, generated
 
 
-def _finish(model, token_ids, generated, prompt_mask, was_text, single):
+def _finish(model, token_ids, generated, prompt_mask, was_text, single, checker=None):
     keep = np.logical_or(generated, prompt_mask)
     rows = [row[k] for row, k in zip(token_ids, keep)]
-    if was_text:
-        texts = [model.tokenizer.decode(r.tolist()) for r in rows]
-        return texts[0] if single else texts
-    return pad_rows(rows, model.config.pad_token_id)
-
-
-def pad_rows(rows, pad_id):
-    """Id rows of different lengths -> a right-padded `[B, T_max]` int32 array."""
-    out = np.full((len(rows), max(len(r) for r in rows)), pad_id, "int32")
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    if not was_text:
+        return pad_rows(rows, model.config.pad_token_id)
+    decode = model.tokenizer.decode
+    texts = [decode(r.tolist()) for r in rows]
+    if checker is not None:
+        for row in checker.keep:
+            completion = decode(token_ids[row][generated[row]].tolist())
+            texts[row] = checker.cut_text(texts[row], completion)
+    return texts[0] if single else texts

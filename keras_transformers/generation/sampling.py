@@ -21,7 +21,8 @@ class SamplerSpec:
     Attributes:
         name: "greedy", "random" (full distribution), "top_k" or "top_p".
         temperature: logits are divided by this (> 0).
-        top_k: keep the k most likely tokens ("top_k").
+        top_k: keep the k most likely tokens ("top_k"; with "top_p", the
+            nucleus is taken among these k, Hugging Face's order).
         top_p: keep the smallest set whose probability reaches p ("top_p").
     """
 
@@ -43,6 +44,8 @@ class SamplerSpec:
             raise ValueError(
                 f"sampler='top_k' needs top_k >= 1. Received: top_k={self.top_k}"
             )
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"`top_k` must be >= 1. Received: top_k={self.top_k}")
         if self.name == "top_p" and not (
             self.top_p is not None and 0 < self.top_p <= 1
         ):
@@ -84,7 +87,8 @@ def next_token(logits, uniform, spec: SamplerSpec):
         logits = ops.where(logits < kth, -1e9, logits)
     if spec.name != "top_p":
         return ops.cast(_sample_from(ops.softmax(logits, axis=-1), uniform), "int32")
-    sorted_logits, sorted_ids = ops.top_k(logits, logits.shape[-1])  # descending
+    k = logits.shape[-1] if spec.top_k is None else min(spec.top_k, logits.shape[-1])
+    sorted_logits, sorted_ids = ops.top_k(logits, k)  # [B, k], descending
     probs = ops.softmax(sorted_logits, axis=-1)
     before = ops.cumsum(probs, axis=-1) - probs  # mass of more likely tokens
     probs = ops.where(before < spec.top_p, probs, 0.0)  # always keeps the first

@@ -22,19 +22,23 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.generation.beam_search import BeamSpec, beam_search
+from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.generate import (
     BUCKET,
     _check_ids,
     _compiled,
+    _pick,
     _prompt_rows,
     _step_fn,
     _stop_ids,
     decode_loop,
+    initial_state,
     pad_rows,
 )
-from keras_transformers.generation.sampling import SamplerSpec
+from keras_transformers.generation.processors import LogitsSettings, initial_presence
 
 DICT_KEYS = ("encoder_token_ids", "encoder_padding_mask")
+DEFAULT_MAX_NEW_TOKENS = 64
 
 
 def _bucket(length: int, cap: int) -> int:
@@ -60,24 +64,22 @@ def _source_rows(model, inputs):
     return rows, was_text, single
 
 
-def _greedy_fn(model, spec, stop_ids, pad_id):
+def _greedy_fn(model, spec, stop_ids, pad_id, settings):
     """`(source_ids [B, S], source_mask [B, S], token_ids [B, L], ...) ->
     (token_ids [B, L], generated [B, L])`, the loop of `generate.py` fed by
     the encoder-decoder cache."""
 
-    def run(
-        source_ids, source_mask, token_ids, prompt_mask, limits, uniforms, start, end
-    ):
+    def run(source_ids, source_mask, token_ids, seen, consts, start, end):
         encoded = model.backbone.encode(source_ids, source_mask)  # [B, S, D]
         cache = model.backbone.init_cache(encoded, token_ids.shape[1])
 
         def call(ids, cache, index):
             return model.call_with_cache(ids, cache, index, source_mask)
 
-        step = _step_fn(model, spec, stop_ids, pad_id, call)
-        return decode_loop(
-            step, token_ids, cache, prompt_mask, limits, uniforms, start, end
-        )
+        step = _step_fn(model, spec, stop_ids, pad_id, call, settings)
+        state = initial_state(start, token_ids, cache, seen)
+        state = decode_loop(step, state, consts, end)
+        return state[1], state[4]
 
     return run
 
@@ -124,19 +126,21 @@ def _pad_sources(rows, config):
 def generate(
     model,
     inputs,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     num_beams: int = 1,
     length_penalty: float = 0.6,
     length_penalty_style: str = "gnmt",
     early_stopping: bool | str = True,
-    sampler: str = "greedy",
-    temperature: float = 1.0,
+    sampler: str | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
     start_token_id: int | None = None,
     stop_token_ids="auto",
     return_all_beams: bool = False,
+    min_new_tokens: int | None = None,
+    repetition_penalty: float | None = None,
 ):
     """Generates target sequences for source sequences with a `Seq2SeqLM`.
 
@@ -149,7 +153,9 @@ def generate(
             `encoder_padding_mask [B, S]` (True for real tokens, right
             padding).
         max_new_tokens: target tokens to generate at most per input, the
-            stop token included.
+            stop token included (default: the generation config's
+            `max_new_tokens`, or its `max_length` minus the start token,
+            else 64).
         num_beams: 1 decodes greedily (or samples, see `sampler`); N > 1
             runs beam search with N beams.
         length_penalty: alpha of the beam-search length normalisation; 0
@@ -165,16 +171,25 @@ def generate(
             heuristic); "never": the same at the maximum length (Hugging
             Face's meanings).
         sampler: "greedy", "random", "top_k" or "top_p" (num_beams=1 only).
+            None: greedy, unless `top_k` / `top_p` is given or the
+            generation config has `do_sample` (as in
+            `keras_transformers.generation.generate`).
         temperature: softmax temperature of the random samplers.
         top_k: k of "top_k" (giving `top_k` alone selects it).
         top_p: nucleus mass of "top_p" (giving `top_p` alone selects it).
         seed: seed of the random samplers (same tokens on every backend).
-        start_token_id: the decoder's first input; default
-            `config.bos_token_id`.
-        stop_token_ids: ids that end a target ("auto": the config's or the
-            tokenizer's end token; None: always generate `max_new_tokens`).
+        start_token_id: the decoder's first input; default the generation
+            config's `decoder_start_token_id`, else `config.bos_token_id`.
+        stop_token_ids: ids that end a target ("auto": the generation
+            config's `eos_token_id`, else the config's or the tokenizer's
+            end token; None: always generate `max_new_tokens`).
         return_all_beams: also return every finished beam and its score
             (runs beam search, with one beam when num_beams=1).
+        min_new_tokens: num_beams=1 only: the stop ids are masked until
+            this many target tokens were generated (default 0).
+        repetition_penalty: num_beams=1 only: Hugging Face's repetition
+            penalty over the target so far, the start token included
+            (default 1.0: none).
 
     Returns:
         For id inputs, a `[B, T_out]` int32 NumPy array of the generated
@@ -193,13 +208,26 @@ def generate(
     >>> lm.generate([[5, 6, 7, 2]], max_new_tokens=4, num_beams=4, stop_token_ids=None).shape
     (1, 4)
     """
-    if sampler == "greedy" and top_k is not None:
-        sampler = "top_k"
-    if sampler == "greedy" and top_p is not None:
-        sampler = "top_p"
-    spec = SamplerSpec(sampler, float(temperature), top_k, top_p)
+    defaults = generation_config(model)
+    spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)
+    settings = LogitsSettings(
+        float(_pick(repetition_penalty, defaults.repetition_penalty, 1.0)),
+        _pick(min_new_tokens, defaults.min_new_tokens, 0),
+    )
     config = model.config
+    if max_new_tokens is None:
+        max_new_tokens = defaults.max_new_tokens
+    if max_new_tokens is None and defaults.max_length is not None:
+        max_new_tokens = min(defaults.max_length, config.max_sequence_length) - 1
+    max_new_tokens = (
+        DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    )
     _check_settings(config, max_new_tokens, num_beams, spec, return_all_beams)
+    if (num_beams > 1 or return_all_beams) and settings != LogitsSettings():
+        raise ValueError(
+            "Beam search applies no logits processors: `repetition_penalty` and "
+            "`min_new_tokens` need num_beams=1 (and return_all_beams=False)."
+        )
     beam_spec = None
     if num_beams > 1 or return_all_beams:
         beam_spec = BeamSpec(
@@ -208,7 +236,11 @@ def generate(
     rows, was_text, single = _source_rows(model, inputs)
     _check_ids(rows, config, noun="source", arg="inputs")
     source_ids, source_mask = _pad_sources(rows, config)
-    start = config.bos_token_id if start_token_id is None else start_token_id
+    start = _pick(
+        start_token_id,
+        _pick(defaults.decoder_start_token_id, defaults.bos_token_id, None),
+        config.bos_token_id,
+    )
     if start is None or not 0 <= int(start) < config.vocabulary_size:
         raise ValueError(
             "Decoding starts from `start_token_id` (default: config.bos_token_id), "
@@ -218,7 +250,7 @@ def generate(
     length = _bucket(max_new_tokens + 1, config.max_sequence_length)
     common = (model, source_ids, source_mask, int(start), max_new_tokens)
     if beam_spec is None:
-        targets = _greedy(*common, spec, stop_ids, length, seed)
+        targets = _greedy(*common, (spec, settings), stop_ids, length, seed)
         return _to_output(model, targets, was_text, single)
     sequences, scores, lengths = beam_search(*common, beam_spec, stop_ids, length)
     if not return_all_beams:
@@ -236,28 +268,35 @@ def generate(
 
 
 def _greedy(
-    model, source_ids, source_mask, start, max_new, spec, stop_ids, length, seed
+    model, source_ids, source_mask, start, max_new, key, stop_ids, length, seed
 ):
     """The num_beams=1 loop; returns the generated id rows."""
-    batch, pad_id = source_ids.shape[0], model.config.pad_token_id
+    spec, settings = key
+    config = model.config
+    batch, pad_id = source_ids.shape[0], config.pad_token_id
     token_ids = np.full((batch, length), pad_id, "int32")
     token_ids[:, 0] = start
     prompt_mask = np.zeros((batch, length), bool)
     prompt_mask[:, 0] = True
     limits = np.full((batch,), max_new + 1, "int32")
+    min_limits = np.full((batch,), settings.min_new_tokens + 1, "int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
+    seen = initial_presence(token_ids, prompt_mask, config.vocabulary_size, settings)
     fn = _compiled(
         model,
         "seq2seq",
-        spec,
+        key,
         stop_ids,
-        lambda: _greedy_fn(model, spec, stop_ids, pad_id),
+        lambda: _greedy_fn(model, spec, stop_ids, pad_id, settings),
     )
-    args = [source_ids, source_mask, token_ids, prompt_mask, limits, uniforms]
+    consts = tuple(
+        ops.convert_to_tensor(a) for a in (prompt_mask, limits, min_limits, uniforms)
+    )
+    args = [
+        ops.convert_to_tensor(a) for a in (source_ids, source_mask, token_ids, seen)
+    ]
     out_ids, generated = fn(
-        *[ops.convert_to_tensor(a) for a in args],
-        backend.loop_index(1),
-        backend.loop_index(max_new + 1),
+        *args, consts, backend.loop_index(1), backend.loop_index(max_new + 1)
     )
     out_ids = np.asarray(ops.convert_to_numpy(out_ids))
     generated = np.asarray(ops.convert_to_numpy(generated))

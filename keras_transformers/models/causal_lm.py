@@ -14,8 +14,14 @@ class CausalLM(TaskModel):
         backbone: a built backbone of `backbone_cls`; if None, one is made
             from `config` and the keyword config fields.
         config: a `TransformerConfig` or dict (when `backbone` is None).
-        tokenizer: optional tokenizer, used by `generate()` for strings and
-            saved with `save_to_preset`.
+        tokenizer: optional tokenizer, used by `generate()` for strings
+            and by `chat()` (with its `chat_template`), and saved with
+            `save_to_preset`.
+
+    A model loaded from a Hugging Face checkpoint with a
+    `generation_config.json` carries it as `generation_config` (a
+    `keras_transformers.generation.GenerationConfig`): the defaults of
+    `generate()` and `chat()`.
 
     Call arguments:
         inputs: `{"token_ids": [B, T], "padding_mask": [B, T]}` or `[B, T]` ids.
@@ -52,7 +58,26 @@ class CausalLM(TaskModel):
         return self.backbone.logits(hidden), cache
 
     def generate(self, prompts, **kwargs):
-        """Generates continuations; see `keras_transformers.generation.generate`."""
+        """Generates continuations; see `keras_transformers.generation.generate`.
+
+        Example:
+        >>> lm = keras_transformers.from_preset("path/to/SmolLM2-135M-Instruct")  # doctest: +SKIP
+        >>> lm.generate("The capital of France is", max_new_tokens=8)  # doctest: +SKIP
+        'The capital of France is Paris.'
+        """
         from keras_transformers.generation import generate
 
         return generate(self, prompts, **kwargs)
+
+    def chat(self, messages, **kwargs):
+        """Answers a conversation with the tokenizer's chat template and
+        returns the reply text; see `keras_transformers.generation.chat.chat`.
+
+        Example:
+        >>> messages = [{"role": "user", "content": "Hi!"}]  # doctest: +SKIP
+        >>> reply = lm.chat(messages, max_new_tokens=32)  # doctest: +SKIP
+        >>> messages.append({"role": "assistant", "content": reply})  # doctest: +SKIP
+        """
+        from keras_transformers.generation.chat import chat
+
+        return chat(self, messages, **kwargs)
