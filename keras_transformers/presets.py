@@ -382,13 +382,22 @@ def save_model(model, directory) -> None:
 
 
 def load_assets(directory):
-    """The tokenizer or preprocessor saved in `directory`: a WordPiece
-    (BERT) preprocessor when there is a `vocab.txt`, else a byte-level BPE
-    tokenizer, else None."""
+    """The tokenizer or preprocessor saved in `directory`, or None: what
+    `HFTokenizer.save_assets` wrote; else a WordPiece (BERT) preprocessor
+    when there is a `vocab.txt` or a WordPiece `tokenizer.json`; else an
+    `HFTokenizer` for any other Hugging Face `tokenizer.json`; else a
+    byte-level BPE tokenizer (`vocab.json` + `merges.txt`)."""
     from keras_transformers.preprocessing import load_preprocessor
     from keras_transformers.tokenizer import load_tokenizer
+    from keras_transformers.tokenizer.hf import load_hf_tokenizer, saved_by_hf_tokenizer
 
-    return load_preprocessor(directory) or load_tokenizer(directory)
+    if saved_by_hf_tokenizer(directory):
+        return load_hf_tokenizer(directory)
+    return (
+        load_preprocessor(directory)
+        or load_hf_tokenizer(directory)
+        or load_tokenizer(directory)
+    )
 
 
 def from_preset(handle, **overrides):

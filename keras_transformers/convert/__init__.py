@@ -100,8 +100,10 @@ def hf_preset_data(path) -> dict:
 
 
 def _load_tokenizer(path: Path):
-    """The directory's tokenizer (WordPiece preprocessor or byte-level BPE),
-    or None (with a warning when there is one we cannot read)."""
+    """The directory's tokenizer (an `HFTokenizer` for its `tokenizer.json`,
+    a WordPiece preprocessor for BERT's `vocab.txt`, or byte-level BPE), or
+    None (with a warning naming the file and the fix when there is one we
+    cannot read)."""
     from keras_transformers.presets import load_assets
 
     try:

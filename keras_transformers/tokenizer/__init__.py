@@ -1,4 +1,14 @@
-"""GPT-family byte-level BPE tokenizer.
+"""Tokenizers: any Hugging Face `tokenizer.json`, and GPT-family byte-level BPE.
+
+:class:`HFTokenizer` runs a Hugging Face `tokenizer.json` of any model type
+(BPE, byte-level or with byte fallback; WordPiece; Unigram / SentencePiece;
+WordLevel) with the `tokenizers` library, with the special tokens, padding
+side and chat templates of `tokenizer_config.json`; its ids and text are
+those of `transformers.AutoTokenizer` on the same directory. Hugging Face
+checkpoints with a `tokenizer.json` load with it (see
+:func:`load_hf_tokenizer`), BERT-family ones excepted: they get
+`keras_transformers.preprocessing.BertPreprocessor`, which gives the same
+ids and also runs inside `tf.data`.
 
 :class:`BPETokenizer` is a thin wrapper around keras-hub's
 `keras_hub.tokenizers.BytePairTokenizer` layer: the layer does the work, in
@@ -55,6 +65,7 @@ from keras_transformers.tokenizer._common import (
     PathLike,
 )
 from keras_transformers.tokenizer.bpe import BPETokenizer, load_tokenizer
+from keras_transformers.tokenizer.hf import HFTokenizer, load_hf_tokenizer
 from keras_transformers.tokenizer.train import train_bpe
 
 __all__ = [
@@ -64,7 +75,9 @@ __all__ = [
     "MERGES_FILENAME",
     "VOCAB_FILENAME",
     "BPETokenizer",
+    "HFTokenizer",
     "PathLike",
+    "load_hf_tokenizer",
     "load_tokenizer",
     "train_bpe",
 ]
