@@ -170,8 +170,8 @@ def _from_cache(handle, repo_id, revision, weights, reason) -> Path:
         raise HubAccessError(
             f"{handle}: offline ({reason}) and {repo_id} "
             f"(revision {revision or 'main'}) is not in the hub cache at {cache_dir()}. "
-            "Connect once without HF_HUB_OFFLINE to download it, or point HF_HOME / "
-            "HF_HUB_CACHE at a cache that holds it."
+            "Download it once with network access (HF_HUB_OFFLINE unset), or point "
+            "HF_HOME / HF_HUB_CACHE at a cache that holds it."
         )
     folder = Path(config).parent
     saved = _check_config(handle, _read_json(config))
@@ -182,8 +182,8 @@ def _from_cache(handle, repo_id, revision, weights, reason) -> Path:
         if missing:
             raise HubAccessError(
                 f"{handle}: offline ({reason}) and the cached snapshot {folder} lacks "
-                f"{missing}. Connect once without HF_HUB_OFFLINE to complete it, or "
-                "pass `load_weights=False`."
+                f"{missing}. Load it once with network access (HF_HUB_OFFLINE unset) "
+                "to complete it, or pass `load_weights=False`."
             )
     return folder
 

@@ -18,7 +18,11 @@ from huggingface_hub import constants  # noqa: E402
 
 import keras_transformers  # noqa: E402
 from keras_transformers import hub  # noqa: E402
-from keras_transformers.models import GPTCausalLM  # noqa: E402
+from keras_transformers.models import (  # noqa: E402
+    BertClassifier,
+    GPTBackbone,
+    GPTCausalLM,
+)
 
 TOKENS = np.array([[3, 17, 42, 5, 99, 8, 1, 64]], dtype="int32")
 LLAMA = dict(
@@ -38,6 +42,15 @@ GPT2 = dict(
     n_positions=64,
     bos_token_id=0,
     eos_token_id=1,
+)
+BERT = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    num_labels=3,
 )
 # Beside the model's files: never to be fetched.
 UNWANTED = {
@@ -76,6 +89,8 @@ def checkpoints(tmp_path_factory):
     llama.save_pretrained(dirs["sharded"], max_shard_size="40KB")
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
     dirs["gpt2"] = _save(gpt2, root / "gpt2")
+    bert = transformers.BertForSequenceClassification(transformers.BertConfig(**BERT))
+    dirs["bert"] = _save(bert, root / "bert")
     return dirs
 
 
@@ -122,6 +137,7 @@ def fake_hub(tmp_path, monkeypatch, checkpoints):
     server.tag("org/tiny-llama", "v1", _files(checkpoints["gpt2"]))
     server.add("org/sharded", {**_files(checkpoints["sharded"]), **UNWANTED})
     server.add("org/gated", _files(checkpoints["gpt2"]), gated=True)
+    server.add("org/bert", _files(checkpoints["bert"]))
     server.add(
         "org/pickled",
         {
@@ -242,6 +258,19 @@ def test_sharded_download_and_config_only(fake_hub, checkpoints):
     assert len(shards) > 1 and shards <= fake_hub.fetched()
     assert "model.safetensors.index.json" in fake_hub.fetched()
     assert "consolidated.safetensors" not in fake_hub.fetched()
+
+
+def test_other_classes_and_families(fake_hub, checkpoints):
+    _same("hf://org/tiny-llama", checkpoints["llama"], cls=GPTBackbone)
+    model = BertClassifier.from_preset("hf://org/bert")
+    assert model.num_classes == 3
+    inputs = {"token_ids": TOKENS, "padding_mask": np.ones_like(TOKENS)}
+    expected = BertClassifier.from_preset(str(checkpoints["bert"]))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(inputs)),
+        keras.ops.convert_to_numpy(expected(inputs)),
+        atol=1e-6,
+    )
 
 
 def test_a_repository_written_by_save_to_preset(fake_hub, tmp_path):
