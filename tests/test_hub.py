@@ -127,6 +127,8 @@ def _use(monkeypatch, cache, endpoint="http://127.0.0.1:9", offline=False):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(cache / "no-token"))
+    harnesses = str(cache / "agent_harnesses.json")  # a registry it may fetch
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", harnesses, raising=False)
 
 
 @pytest.fixture
@@ -245,6 +247,8 @@ def test_download_fetches_only_what_the_model_needs(fake_hub, checkpoints, monke
 def test_download_at_a_revision(fake_hub, checkpoints):
     _same("hf://org/tiny-llama@v1", checkpoints["gpt2"])
     commit = fake_hub.repos["org/tiny-llama"]["refs"]["v1"]
+    fake_hub.tag("org/tiny-llama", "refs/pr/1", _files(checkpoints["gpt2"]))
+    assert hub.resolve("hf://org/tiny-llama@refs/pr/1").name == commit
     assert hub.resolve(f"hf://org/tiny-llama@{commit}").name == commit
     assert "model.safetensors" in fake_hub.fetched()
 
