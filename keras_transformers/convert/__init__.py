@@ -20,6 +20,7 @@ from pathlib import Path
 
 from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
+from keras_transformers.convert.deferred import deferred_initialization
 
 # model_type -> converter module.
 CONVERTERS = {
@@ -154,15 +155,20 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
         fields = module.fit_config(fields, checkpoint, target)
     config = TransformerConfig.from_dict(fields)
     config = config.replace(**overrides) if overrides else config
-    model = _instantiate(target, config, dtype, _load_tokenizer(path), task)
-    if checkpoint is not None:
+    tokenizer = _load_tokenizer(path)
+    if checkpoint is None:
+        return _instantiate(target, config, dtype, tokenizer, task)
+    # No random initializers for the weights the checkpoint overwrites.
+    with deferred_initialization():
+        model = _instantiate(target, config, dtype, tokenizer, task)
         if hasattr(module, "load_model_weights"):  # task heads too (BERT)
             module.load_model_weights(model, checkpoint, hf)
         else:
             backbone = getattr(model, "backbone", model)
             require = backbone is not model
             module.load_weights(backbone, checkpoint, require_head=require)
-        checkpoint.warn_unused()
+    checkpoint.close()
+    checkpoint.warn_unused()
     from keras_transformers.generation.config import attach_generation_config
 
     attach_generation_config(model, path)  # generation_config.json, if any

@@ -1,15 +1,19 @@
 """Reading and writing Hugging Face safetensors checkpoints.
 
-Only `safetensors` (plus a small reader for bfloat16, which NumPy lacks)
-touches the files; nothing is ever unpickled.
+Each safetensors file is memory-mapped once and its tensors are read-only
+NumPy views of the mapping (no copy; bfloat16 as `ml_dtypes.bfloat16`):
+the only copy of a weight is the one into its variable. Nothing is ever
+unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import warnings
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -19,17 +23,55 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # Buffers some checkpoints carry that are not weights.
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
-def _read_bfloat16(path: Path, name: str) -> np.ndarray:
-    """Reads one bfloat16 tensor (which NumPy cannot hold) as float32."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        info = json.loads(f.read(size))[name]
-        start, end = info["data_offsets"]
-        f.seek(8 + size + start)
-        raw = np.frombuffer(f.read(end - start), dtype="<u2")
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+class _File:
+    """One memory-mapped safetensors file: its header, and its tensors as
+    read-only views of the mapping."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header.pop("__metadata__", None)
+        self.start, self.header, self.touched = 8 + size, header, False
+
+    def tensor(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        dtype = np.dtype(DTYPES.get(info["dtype"], np.uint8))
+        begin, end = (self.start + int(x) for x in info["data_offsets"])
+        count = int(np.prod(info["shape"], dtype=np.int64))
+        if info["dtype"] not in DTYPES or end - begin != count * dtype.itemsize:
+            raise ValueError(
+                f"Tensor {name!r} in {self.path} has dtype {info['dtype']} and shape "
+                f"{info['shape']}, which do not fit its {end - begin} bytes "
+                f"(supported dtypes: {sorted(DTYPES)})."
+            )
+        self.touched = True
+        array = np.frombuffer(self.map, dtype, count, begin)
+        return array.reshape(info["shape"])
+
+    def release(self) -> None:
+        """Unmaps the pages read so far from this process (they stay in the
+        page cache; a view still in use faults them back in): a loaded
+        checkpoint then never counts twice, as file pages and variables."""
+        if self.touched and hasattr(self.map, "madvise"):
+            self.map.madvise(mmap.MADV_DONTNEED)
+        self.touched = False
 
 
 class Checkpoint:
@@ -49,7 +91,7 @@ class Checkpoint:
         self.files: dict[str, Path] = {}
         single, index = self.directory / SAFETENSORS, self.directory / SAFETENSORS_INDEX
         if single.exists():
-            with safe_open(str(single), framework="numpy") as f:
+            with safe_open(str(single), framework="numpy") as f:  # validates it
                 self.files = dict.fromkeys(f.keys(), single)
         elif index.exists():
             weight_map = json.loads(index.read_text()).get("weight_map", {})
@@ -77,6 +119,7 @@ class Checkpoint:
                 "safetensors weights, or pass `load_weights=False` for a random init."
             )
         self.used: set[str] = set()
+        self._open: dict[Path, _File] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -93,7 +136,9 @@ class Checkpoint:
         )
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor `name` as a NumPy array (bfloat16 is read as float32)."""
+        """The tensor `name`: a read-only view of the memory-mapped file, in
+        its stored dtype (bfloat16 as `ml_dtypes.bfloat16`). The pages of
+        the tensors returned before are unmapped first (see `_File.release`)."""
         if name not in self.files:
             raise ValueError(
                 f"Weight {name!r} is missing from the checkpoint in {self.directory}. "
@@ -102,10 +147,17 @@ class Checkpoint:
             )
         self.used.add(name)
         path = self.files[name]
-        with safe_open(str(path), framework="numpy") as f:
-            if f.get_slice(name).get_dtype() == "BF16":
-                return _read_bfloat16(path, name)
-            return f.get_tensor(name)
+        for file in self._open.values():
+            file.release()
+        if path not in self._open:
+            self._open[path] = _File(path)
+        return self._open[path].tensor(name)
+
+    def close(self) -> None:
+        """Releases the mapped files (views already handed out stay valid)."""
+        for file in self._open.values():
+            file.release()
+        self._open = {}
 
     def warn_unused(self) -> None:
         """Warns about checkpoint tensors that were not loaded."""

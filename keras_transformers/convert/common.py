@@ -8,6 +8,9 @@ import warnings
 import numpy as np
 from keras import ops
 
+from keras_transformers.backend.loading import assign_array
+from keras_transformers.convert.deferred import initialize, loaded
+
 
 def assign(
     variable, value: np.ndarray, name: str, *, shape=None, transpose=False
@@ -29,8 +32,15 @@ def assign(
     """
     ours = tuple(shape or variable.shape)
     check_shape(value, ours[::-1] if transpose else ours, name, variable.path)
-    value = value.T if transpose else value
-    variable.assign(np.ascontiguousarray(value).reshape(tuple(variable.shape)))
+    write(variable, value.T if transpose else value)
+
+
+def write(variable, value: np.ndarray) -> None:
+    """Copies `value` (our layout: its C-order reshape is the variable; any
+    strides and dtype) into `variable` and marks it loaded (see
+    `keras_transformers.convert.deferred`)."""
+    assign_array(variable, value)
+    loaded(variable)
 
 
 def check_shape(value: np.ndarray, expected, name: str, target: str) -> None:
@@ -46,6 +56,7 @@ def check_shape(value: np.ndarray, expected, name: str, target: str) -> None:
 
 def fetch(variable, *, shape=None, transpose=False) -> np.ndarray:
     """`variable` as a float32 array in checkpoint layout (inverse of `assign`)."""
+    initialize(variable)  # a deferred initializer runs before it is read
     value = np.asarray(ops.convert_to_numpy(ops.cast(variable, "float32")))
     value = value.reshape(shape or value.shape)
     return np.ascontiguousarray(value.T if transpose else value)

@@ -57,6 +57,7 @@ from keras_transformers.convert.common import (
     export_layer,
     fetch,
     load_layer,
+    write,
 )
 from keras_transformers.layers.patches import resize_grid
 
@@ -245,7 +246,7 @@ def _load_positions(patch, value: np.ndarray, name: str) -> None:
     if table.ndim == 2 and side * side == table.shape[0] - 1 and table.shape[0] != rows:
         table = resize_grid(table.astype("float32"), (side, side), patch.grid, 1)
     check_shape(table, (rows, width), name, patch.position_embeddings.path)
-    patch.position_embeddings.assign(table)
+    write(patch.position_embeddings, table)
 
 
 def _load_embeddings(patch, get, e: str) -> None:
@@ -254,8 +255,7 @@ def _load_embeddings(patch, get, e: str) -> None:
     p, _, c, d = patch.kernel.shape
     kernel = get(name)
     check_shape(kernel, (d, c, p, p), name, patch.kernel.path)
-    kernel = np.ascontiguousarray(kernel.transpose(2, 3, 1, 0))  # [p, p, C, D]
-    patch.kernel.assign(kernel)
+    write(patch.kernel, kernel.transpose(2, 3, 1, 0))  # [p, p, C, D]
     bias = e + "patch_embeddings.projection.bias"
     assign(patch.bias, get(bias), bias)
     token = e + "cls_token"

@@ -1,0 +1,120 @@
+"""Loading a Hugging Face checkpoint builds no random-initialised copy of
+the weights: no random initializer runs for a weight the checkpoint
+fills, the tensors are views of the memory-mapped file, and weights the
+checkpoint lacks still get their initializer."""
+
+import keras
+import ml_dtypes
+import numpy as np
+import pytest
+from keras.src.backend import random as backend_random
+
+pytest.importorskip("safetensors")
+
+import keras_transformers  # noqa: E402
+from keras_transformers import TransformerConfig  # noqa: E402
+from keras_transformers.convert import export_hf  # noqa: E402
+from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint  # noqa: E402
+from keras_transformers.convert.deferred import deferred_initialization  # noqa: E402
+from keras_transformers.models import GPTCausalLM  # noqa: E402
+
+LLAMA = dict(
+    num_kv_heads=2,
+    norm_type="rms",
+    position_embedding="rotary",
+    activation="silu",
+    gated_feed_forward=True,
+    tie_embeddings=False,
+)
+GPT2 = dict(activation="gelu_approximate")
+
+
+def _lm(**fields):
+    config = TransformerConfig(
+        vocabulary_size=64,
+        num_layers=2,
+        hidden_dim=16,
+        num_heads=4,
+        intermediate_dim=32,
+        max_sequence_length=32,
+        **fields,
+    )
+    return GPTCausalLM(config=config)
+
+
+def _logits(lm):
+    ids = np.arange(12, dtype="int32").reshape(2, 6) % 64
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
+    return keras.ops.convert_to_numpy(lm(inputs))
+
+
+def _refuse_random(monkeypatch):
+    """From now on, random draws raise (every Keras random initializer
+    makes one); returns the list of draws attempted."""
+    calls = []
+
+    def refuse(name):
+        def draw(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"a random initializer ran ({name})")
+
+        return draw
+
+    for name in ("normal", "truncated_normal", "uniform"):
+        monkeypatch.setattr(backend_random, name, refuse(name))
+    return calls
+
+
+@pytest.mark.parametrize("fields", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_loading_runs_no_random_initializer(tmp_path, fields, monkeypatch):
+    source = _lm(**fields)
+    export_hf(source, tmp_path)
+    draws = _refuse_random(monkeypatch)
+    loaded = keras_transformers.from_preset(tmp_path)
+    assert draws == []
+    np.testing.assert_allclose(_logits(loaded), _logits(source), atol=1e-5)
+
+
+def test_weights_the_checkpoint_lacks_are_initialized(tmp_path):
+    source = _lm(**GPT2)
+    export_hf(source, tmp_path)
+    longer = GPTCausalLM.from_preset(tmp_path, max_sequence_length=64)
+    table = keras.ops.convert_to_numpy(longer.backbone.position_embedding.embeddings)
+    kept = keras.ops.convert_to_numpy(source.backbone.position_embedding.embeddings)
+    np.testing.assert_array_equal(table[:32], kept)
+    assert np.all(np.isfinite(table[32:])) and 0.005 < table[32:].std() < 0.1
+
+
+def test_deferred_initialization_initializes_what_was_not_written():
+    with deferred_initialization() as pending:
+        dense = keras.layers.Dense(8, bias_initializer="ones")
+        dense.build((None, 4))
+        assert len(pending) == 2
+    assert pending == {}
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(dense.bias), np.ones(8))
+    kernel = keras.ops.convert_to_numpy(dense.kernel)
+    assert np.all(np.isfinite(kernel)) and kernel.std() > 0.05
+    again = keras.layers.Dense(2)  # outside the block: as usual
+    again.build((None, 4))
+    assert keras.ops.convert_to_numpy(again.kernel).std() > 0.05
+
+
+def test_checkpoint_tensors_are_views_of_the_file(tmp_path):
+    values = np.arange(12, dtype="float32").reshape(3, 4)
+    write_checkpoint(tmp_path, {"model_type": "llama"}, {"w": values})
+    checkpoint = Checkpoint(tmp_path)
+    tensor = checkpoint.get("w")
+    assert not tensor.flags.owndata and not tensor.flags.writeable
+    np.testing.assert_array_equal(tensor, values)
+    checkpoint.close()
+    np.testing.assert_array_equal(tensor, values)  # still readable
+
+
+def test_bfloat16_checkpoints_load_without_float32_detour(tmp_path):
+    from safetensors.numpy import save_file
+
+    values = np.linspace(-2, 2, 12).reshape(3, 4).astype(ml_dtypes.bfloat16)
+    save_file({"w": values}, str(tmp_path / "model.safetensors"))
+    tensor = Checkpoint(tmp_path).get("w")
+    assert tensor.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(tensor.astype("float32"), values.astype("float32"))
