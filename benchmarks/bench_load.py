@@ -215,6 +215,10 @@ def child(contender: str, directory: str) -> dict:
 
 def spawn(contender: str, directory: Path, backend: str | None) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    # The children import this checkout's package (not another install).
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
     if backend:
         env["KERAS_BACKEND"] = backend
     out = subprocess.run(

@@ -56,6 +56,10 @@ def empty(shape, dtype=None):
         import jax
 
         return jax.device_put(_host_array(tuple(shape), dtype))
+    if keras.config.backend() == "tensorflow":  # `keras.ops.empty` writes zeros
+        import tensorflow as tf
+
+        return tf.raw_ops.Empty(shape=list(shape), dtype=tf.as_dtype(dtype))
     return keras.ops.empty(tuple(shape), dtype=dtype)
 
 
