@@ -50,6 +50,11 @@ BLOCKS = (
     "users>={{ ns.n }} year={{ strftime_now('%Y') }}\n"
     "{% if add_generation_prompt %}\nASSISTANT:\n{% endif %}"
 )
+GENERATION_BLOCK = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% generation %}[{{ m.content }}]{% endgeneration %}"
+    "{% else %}{{ m.role }}: {{ m.content | string }}{% endif %}\n{% endfor %}"
+)
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there!"}],
     [
@@ -81,7 +86,7 @@ def test_smollm2_template_equals_transformers(hf_tokenizer, smollm2_dir):
         assert ours == _theirs(hf_tokenizer, messages)
 
 
-@pytest.mark.parametrize("template", [LLAMA2, JSON_LAST, BLOCKS])
+@pytest.mark.parametrize("template", [LLAMA2, JSON_LAST, BLOCKS, GENERATION_BLOCK])
 def test_templates_equal_transformers(hf_tokenizer, template):
     special = hf_tokenizer.special_tokens_map
     for messages in CONVERSATIONS:

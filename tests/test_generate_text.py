@@ -21,7 +21,6 @@ TIE = 1e-4  # a top-2 score gap below this is a near-tie: compare no further
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
-    "Once upon a time, in a small village,",
     "Water boils at",
 ]
 
@@ -70,12 +69,13 @@ def test_smollm2_greedy_equals_transformers(smol, hf_smol):
     hf, tokenizer = hf_smol
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     assert smol.generation_config.eos_token_id == (2,)
-    out = smol.generate(rows, max_new_tokens=16)  # one batch, prompts of 4 lengths
-    for row, ids in zip(out, rows):
-        theirs, safe = reference(hf, ids, 16)
+    out = smol.generate(rows, max_new_tokens=12)  # one batch, prompts of 3 lengths
+    texts = smol.generate(PROMPTS, max_new_tokens=12)  # the same program, text in
+    for row, ids, text in zip(out, rows, texts):
+        theirs, safe = reference(hf, ids, 12)
         assert_same(row[len(ids) :], theirs, safe)
-    text = smol.generate(PROMPTS[0], max_new_tokens=16)
-    assert text == tokenizer.decode(rows[0] + reference(hf, rows[0], 16)[0])
+        if safe == len(theirs):
+            assert text == tokenizer.decode(ids + theirs)
 
 
 def test_smollm2_chat_and_processors_equal_transformers(smol, hf_smol, smollm2_dir):
