@@ -82,10 +82,10 @@ def assign_array(variable, value: np.ndarray) -> None:
     tensor, `[in, out]` for a `[in, heads, head_dim]` kernel). The
     transpose and the dtype conversion happen in the one copy.
 
-    PyTorch: one copy, straight into the variable's storage. JAX on CPU:
-    one copy into a fresh page-aligned array, which JAX adopts as the
-    variable's value (never a view of the checkpoint file: the variable
-    owns its memory). Elsewhere: `variable.assign` of a C-contiguous copy.
+    PyTorch: one copy, straight into the variable's storage. Elsewhere:
+    one copy into a fresh `_host_array`, given to `variable.assign` (JAX on
+    CPU adopts it as the variable's value; never a view of the checkpoint
+    file: the variable owns its memory).
     """
     shape = tuple(variable.shape)
     if keras.config.backend() == "torch":
@@ -99,9 +99,6 @@ def assign_array(variable, value: np.ndarray) -> None:
         with torch.no_grad():
             variable.value.view(value.shape).copy_(source)
         return
-    if _jax_on_cpu():
-        array = _host_array(shape, variable.dtype)
-    else:
-        array = np.empty(shape, numpy_dtype(variable.dtype))
+    array = _host_array(shape, variable.dtype)
     _copy(array.reshape(value.shape), value)
     variable.assign(array)
