@@ -266,10 +266,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    """Runs `finetune` (see `cli_bert.finetune_classifier`)."""
-    from keras_transformers.cli_bert import finetune_classifier
+    """Runs `finetune`: `cli_classify.finetune_classifier` (--task classify)
+    or `cli_lora.finetune_causal_lm` (--task causal-lm)."""
+    if args.task == "causal-lm":
+        from keras_transformers.cli_lora import finetune_causal_lm
 
-    finetune_classifier(args)
+        finetune_causal_lm(args)
+    else:
+        from keras_transformers.cli_classify import finetune_classifier
+
+        finetune_classifier(args)
     return 0
 
 

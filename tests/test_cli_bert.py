@@ -112,6 +112,48 @@ def test_finetune_string_labels_reloads_and_predicts(finetuned):
     np.testing.assert_allclose(logits, model.predict(x, verbose=0), atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def bert_hf_dir(tmp_path_factory, csv_file):
+    """A tiny random-init `transformers` BertModel with its own vocab.txt."""
+    transformers = pytest.importorskip("transformers")
+    from keras_transformers.preprocessing import train_wordpiece
+
+    texts = csv_file.read_text().splitlines()[1:]
+    tokenizer = train_wordpiece(texts, vocabulary_size=120)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocabulary_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
+    path = tmp_path_factory.mktemp("hf") / "bert"
+    transformers.BertModel(config).save_pretrained(str(path))
+    tokenizer.save_assets(str(path))
+    return path
+
+
+def test_finetune_from_hugging_face_directory(tmp_path, bert_hf_dir, csv_file):
+    output = tmp_path / "classifier"
+    argv = ["finetune", str(bert_hf_dir), "--data", str(csv_file), "--epochs", "1"]
+    args = cli.build_parser().parse_args(argv + ["--output", str(output)])
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        model = cli_bert.finetune_classifier(args)
+    assert "Validation accuracy per epoch" in stdout.getvalue()
+    vocabulary = (bert_hf_dir / "vocab.txt").read_text().split("\n")[:-1]
+    assert model.tokenizer.tokenizer.vocabulary == vocabulary  # the checkpoint's own
+    assert model.tokenizer.sequence_length == 32  # capped by the position table
+    restored = keras_transformers.from_preset(str(output))
+    assert type(restored).__name__ == "BertClassifier" and restored.num_classes == 3
+    assert restored.tokenizer.tokenizer.vocabulary == vocabulary
+    x = restored.tokenizer(["good day", "bad day"])
+    np.testing.assert_allclose(
+        restored.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-4
+    )
+
+
 def test_accuracy_and_macro_f1():
     accuracy, f1 = cli_bert.accuracy_and_macro_f1([0, 0, 1, 2], [0, 0, 0, 0], 3)
     assert accuracy == 0.5

