@@ -90,6 +90,8 @@ def test_smollm2_chat_and_processors_equal_transformers(smol, hf_smol, smollm2_d
     assert safe == len(theirs) and theirs[-1] == 2  # the reply ends with <|im_end|>
     reply = smol.chat(messages, max_new_tokens=24, chat_template=template)
     assert reply == tokenizer.decode(theirs[:-1])
+    if getattr(smol.tokenizer, "chat_template", None):  # the checkpoint's own
+        assert smol.chat(messages, max_new_tokens=24) == reply
     # Repetition penalty and a minimum length that outlasts the reply.
     options = dict(repetition_penalty=1.3, min_new_tokens=len(theirs) + 2)
     theirs, safe = reference(hf, ids, len(theirs) + 4, **options)
