@@ -118,3 +118,24 @@ def test_bfloat16_checkpoints_load_without_float32_detour(tmp_path):
     tensor = Checkpoint(tmp_path).get("w")
     assert tensor.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(tensor.astype("float32"), values.astype("float32"))
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_bfloat16_checkpoint_loads_into_any_dtype(tmp_path, dtype):
+    from safetensors.numpy import load_file, save_file
+
+    source = _lm(**LLAMA)
+    export_hf(source, tmp_path)
+    file = str(tmp_path / "model.safetensors")
+    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(file).items()}
+    save_file(tensors, file, metadata={"format": "pt"})
+    loaded = keras_transformers.from_preset(tmp_path, dtype=dtype)
+    embeddings = loaded.backbone.token_embedding.embeddings
+    assert embeddings.dtype == (dtype or "float32")
+    query = loaded.backbone.blocks[0].self_attention.query_dense.kernel
+    expected = tensors["model.layers.0.self_attn.q_proj.weight"].astype("float32")
+    got = keras.ops.convert_to_numpy(keras.ops.cast(query, "float32"))
+    np.testing.assert_array_equal(got.reshape(expected.shape[::-1]), expected.T)
+    table = tensors["model.embed_tokens.weight"].astype("float32")
+    got = keras.ops.convert_to_numpy(keras.ops.cast(embeddings, "float32"))
+    np.testing.assert_array_equal(got, table)
