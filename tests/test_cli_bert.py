@@ -137,7 +137,8 @@ def bert_hf_dir(tmp_path_factory, csv_file):
 def test_finetune_from_hugging_face_directory(tmp_path, bert_hf_dir, csv_file):
     output = tmp_path / "classifier"
     argv = ["finetune", str(bert_hf_dir), "--data", str(csv_file), "--epochs", "1"]
-    args = cli.build_parser().parse_args(argv + ["--output", str(output)])
+    argv += ["--batch-size", "27", "--output", str(output)]  # 54 rows: no remainder
+    args = cli.build_parser().parse_args(argv)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         model = cli_bert.finetune_classifier(args)

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,14 +127,62 @@ def test_causal_lm_adapter_and_merged_preset_reload(tuned, llama_dir):
     assert list(merged.tokenizer.encode("Q: a")) == list(model.tokenizer.encode("Q: a"))
 
 
-def test_causal_lm_plain_text(tmp_path, llama_dir):
+def _offline_hub(monkeypatch, cache, repos):
+    """A Hugging Face hub cache laid out by hand (`models--org--NAME/refs/main`
+    and `snapshots/<commit>/`), used offline: `hf://org/NAME` resolves there."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    for name, directory in repos.items():
+        repo = cache / f"models--org--{name}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("a" * 40)
+        shutil.copytree(directory, repo / "snapshots" / ("a" * 40))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(cache / "no-token"))
+
+
+def test_hub_handles_plain_text_and_classify(tmp_path, monkeypatch, llama_dir):
+    from keras_transformers.preprocessing import train_wordpiece
+
+    texts = [f"{w} day" for w in ("good", "bad", "fine", "awful")] * 6
+    bert = tmp_path / "bert"
+    tokenizer = train_wordpiece(texts, vocabulary_size=60)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocabulary_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
+    transformers.BertModel(config).save_pretrained(bert)
+    tokenizer.save_assets(str(bert))
+    _offline_hub(monkeypatch, tmp_path / "cache", {"llama": llama_dir, "bert": bert})
+
     text = tmp_path / "corpus.txt"
     text.write_text(default_text()[:3_000], encoding="utf-8")
-    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(text)]
-    model, out = _run(argv + ["--output", str(tmp_path / "out"), "--epochs", "1"])
+    out_dir = tmp_path / "lm"
+    argv = ["finetune", "hf://org/llama", "--task", "causal-lm", "--data", str(text)]
+    argv += ["--epochs", "1", "--batch-size", "64"]  # one batch: one compilation
+    model, out = _run(argv + ["--output", str(out_dir)])
     assert "loss on every token" in out and "Final: validation loss" in out
-    assert (tmp_path / "out" / cli_lora.ADAPTER_FILE).is_file()
-    assert not (tmp_path / "out" / "config.json").exists()  # adapter only
+    assert (out_dir / cli_lora.ADAPTER_FILE).is_file()
+    assert not (out_dir / "config.json").exists()  # adapter only
+    assert json.loads((out_dir / cli_lora.LORA_FILE).read_text())["base"] == (
+        "hf://org/llama"
+    )
+    reloaded = cli_lora.load_finetuned(out_dir)  # the base comes from the cache
+    np.testing.assert_allclose(_logits(reloaded, IDS), _logits(model, IDS), atol=1e-5)
+
+    data = tmp_path / "labelled.csv"
+    data.write_text("text,label\n" + "".join(f"{t},{t[0]}\n" for t in texts))
+    argv = ["finetune", "hf://org/bert", "--data", str(data), "--epochs", "1"]
+    assert cli.main(argv + ["--output", str(tmp_path / "clf")]) == 0
+    classifier = keras_transformers.from_preset(str(tmp_path / "clf"))
+    assert classifier.tokenizer.tokenizer.vocabulary == tokenizer.vocabulary
 
 
 def test_encode_pairs_truncates_the_prompt_start():
@@ -178,7 +227,7 @@ def test_causal_lm_errors(capsys, tmp_path, llama_dir):
     )
     assert status == 2 and "Unknown LoRA target" in err and "'query'" in err
     labelled = tmp_path / "labelled.csv"
-    labelled.write_text("text,label\na b c,x\nd e f,y\n")
+    labelled.write_text("text,label\n" + "a b c,x\nd e f,y\n" * 3)
     status, err = _errors(capsys, ["finetune", str(llama_dir), "--data", str(labelled)])
     assert status == 2 and "bert" in err  # classify on a decoder
 
