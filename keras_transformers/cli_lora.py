@@ -29,7 +29,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_transformers.cli_train import PROG, CLIError, _quiet_stderr
+from keras_transformers.cli_train import PROG, CLIError, _optimizer, _quiet_stderr
 
 ADAPTER_FILE = "adapter.lora.npz"
 LORA_FILE = "lora.json"
@@ -241,8 +241,6 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
         raise CLIError(str(error)) from None
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     steps = args.epochs * -(-len(train) // args.batch_size)
-    from keras_transformers.cli_train import _optimizer
-
     model.compile(
         optimizer=_optimizer(args, steps),
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
