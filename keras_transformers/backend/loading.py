@@ -82,11 +82,11 @@ def assign_array(variable, value: np.ndarray) -> None:
     tensor, `[in, out]` for a `[in, heads, head_dim]` kernel). The
     transpose and the dtype conversion happen in the one copy.
 
-    PyTorch: one copy, straight into the variable's storage. Elsewhere, a
-    transposed matrix goes through the backend's transpose, and anything
-    else is copied into a fresh `_host_array` given to `variable.assign`
-    (JAX on CPU adopts it as the variable's value). The variable never
-    holds a view of the checkpoint file: it owns its memory.
+    PyTorch: one copy, straight into the variable's storage. TensorFlow: a
+    transposed matrix goes through TensorFlow's transpose. Anything else is
+    copied into a fresh `_host_array` given to `variable.assign` (JAX on
+    CPU adopts it as the variable's value). The variable never holds a view
+    of the checkpoint file: it owns its memory.
     """
     shape = tuple(variable.shape)
     if keras.config.backend() == "torch":
@@ -101,10 +101,12 @@ def assign_array(variable, value: np.ndarray) -> None:
             variable.value.view(value.shape).copy_(source)
         return
     transposed = value.ndim == 2 and value.T.flags.c_contiguous
-    if transposed and min(value.shape) > 1:  # (a size-1 axis can be a reshape)
-        # The backend's transpose kernel (multi-threaded: 1.5x NumPy's tiles
-        # on XLA:CPU, 5x on TensorFlow) writes a new tensor, so the variable
-        # never holds the checkpoint's file.
+    tensorflow = keras.config.backend() == "tensorflow"
+    if tensorflow and transposed and min(value.shape) > 1:  # (size 1: a reshape)
+        # TensorFlow's transpose kernel (multi-threaded, ~5x NumPy's tiles)
+        # writes a new tensor, so the variable never holds the checkpoint's
+        # file. (On XLA:CPU the same is slower and holds more memory than
+        # the tiles below: a compilation per shape and a second buffer.)
         matrix = keras.ops.transpose(keras.ops.convert_to_tensor(value.T))
         variable.assign(
             keras.ops.reshape(keras.ops.cast(matrix, variable.dtype), shape)
