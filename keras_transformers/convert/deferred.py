@@ -6,9 +6,9 @@ truncated normal over every weight: seconds for 135M parameters on a
 CPU), and their values are overwritten at once. Inside
 `deferred_initialization()`, every `Layer.add_weight` gives its variable
 uninitialised storage (`keras_transformers.backend.loading.empty`: no
-random draws, and on PyTorch and JAX's CPU backend not even a write) and
-remembers the initializer. The converters mark each
-variable they write (`loaded`); when the block ends, the variables that no
+random draws, and on PyTorch, TensorFlow and JAX's CPU backend not even a
+write) and remembers the initializer. The converters mark each variable
+they write (`loaded`); when the block ends, the variables that no
 checkpoint tensor filled (a new task head, a grown position table's extra
 rows, statistics) run their own initializer, so the model is the same as
 one built normally and then loaded.
