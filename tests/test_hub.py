@@ -329,3 +329,14 @@ def test_errors_name_the_problem_and_the_fix(fake_hub, handle, error, words):
 def test_error_classes():
     assert issubclass(hub.HubAccessError, (hub.HubError, FileNotFoundError))
     assert issubclass(hub.HubContentError, (hub.HubError, ValueError))
+
+
+def test_command_line_generate_through_the_hub(fake_hub, capsys):
+    from keras_transformers import cli
+
+    argv = ["generate", "hf://org/tiny-llama@main", "--prompt", "hello hub"]
+    assert cli.main(argv + ["--max-new-tokens", "3", "--sampler", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hello hub")
+    assert "config.json" in fake_hub.fetched()
+    assert not fake_hub.fetched() & set(UNWANTED)
