@@ -9,7 +9,10 @@ A built-in preset is `presets/<name>.json` (sub-folders allowed)::
 
 A saved preset directory holds `config.json` (class, family, config),
 `model.weights.h5`, `metadata.json` and, when the model has one, the
-tokenizer's files under `tokenizer/`.
+tokenizer's files under `tokenizer/`: exactly the files of its last save,
+which replaced the directory atomically (see `save_model`). `metadata.json`
+records those files (sizes, SHA-256) and loading checks them (see
+`keras_transformers.preset_record`).
 
 A hub handle `hf://org/name` (optionally `@revision`) is fetched into the
 Hugging Face cache by `keras_transformers.hub.resolve` once, at the start of
@@ -18,13 +21,13 @@ a load, and the snapshot directory then loads as a Hugging Face directory.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from keras_transformers import _atomic, preset_record
 from keras_transformers.config import TransformerConfig
 
 CONFIG_FILE = "config.json"
@@ -125,7 +128,11 @@ def _local(handle, weights: bool = True):
     `keras_transformers.hub.resolve`); any other handle unchanged."""
     from keras_transformers import hub
 
-    return hub.resolve(handle, weights=weights) if hub.is_hub_handle(handle) else handle
+    if hub.is_hub_handle(handle):
+        return hub.resolve(handle, weights=weights)
+    if isinstance(handle, (str, os.PathLike)):  # a save killed mid-swap
+        _atomic.recover(handle, only_if_missing=True)
+    return handle
 
 
 def _preset_data(handle) -> dict:
@@ -238,8 +245,10 @@ def load_model(
     config = load_config(handle, **overrides)
     tokenizer = None
     if kind == "saved":
+        meta = preset_record.check_files(handle, METADATA_FILE, weights=load_weights)
         if (Path(handle) / TOKENIZER_DIR).is_dir():
             tokenizer = load_assets(Path(handle) / TOKENIZER_DIR)
+        preset_record.check_tokenizer(handle, meta, tokenizer, config)
     if kind != "saved" or not load_weights:
         return _instantiate(cls, config, dtype, tokenizer, task_args)
     weights = Path(handle) / WEIGHTS_FILE
@@ -349,11 +358,29 @@ def _load_weights(model, path):
 
 
 def save_model(model, directory) -> None:
-    """Writes `model` as a preset directory (see the module docstring)."""
-    import keras
+    """Writes `model` as a preset directory (see the module docstring).
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    The save is atomic (see `keras_transformers._atomic`): the files go to
+    a fresh sibling directory that replaces `directory` in one rename at
+    the end, so a save killed at any moment leaves the previous preset or
+    the new one, whole, and the directory holds exactly this save's files.
+    `metadata.json`, written last, records every file's size and SHA-256
+    and the tokenizer's vocabulary size (see `keras_transformers.preset_record`).
+
+    Raises:
+        ValueError: `directory` holds files other than a preset's, or the
+            tokenizer has more tokens than the model's embedding table.
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        preset_record.check_vocabulary(tokenizer, model.config, "of this model")
+    with _atomic.atomic_directory(
+        directory, markers=(CONFIG_FILE, METADATA_FILE)
+    ) as path:
+        _write_preset(model, path, tokenizer)
+
+
+def _write_preset(model, path: Path, tokenizer) -> None:
     meta = {
         "class_name": type(model).__name__,
         "family": model.family,
@@ -363,22 +390,13 @@ def save_model(model, directory) -> None:
         meta["task"] = model.task_config()
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     model.save_weights(str(path / WEIGHTS_FILE))
-    metadata = {
-        "params": int(model.count_params()),
-        "keras_version": keras.__version__,
-        "backend": keras.config.backend(),
-        "dtype": keras.dtype_policies.serialize(model.dtype_policy),
-        "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
-    }
-    (path / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
-    tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.save_assets(str(path / TOKENIZER_DIR))
     from keras_transformers.generation.config import save_generation_config
 
     save_generation_config(model, path)  # generation_config.json, if any
+    metadata = preset_record.metadata(model, path, tokenizer, skip=METADATA_FILE)
+    (path / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
 
 
 def load_assets(directory):
