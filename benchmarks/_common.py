@@ -28,9 +28,18 @@ _KERAS_LOSS = [False]  # --keras-loss: Keras' own sparse cross-entropy
 WEIGHT_DECAY = 0.01
 
 TORCH_THREADS_HELP = (
-    "torch.set_num_threads for every torch user in the process (default 1: on a "
-    "shared, oversubscribed CPU, OpenMP threads make eager torch ~10x slower)"
+    "torch.set_num_threads for every torch user in the process (default: all "
+    "the machine's cores, as JAX and TensorFlow use; a smaller number gives "
+    "PyTorch and Hugging Face fewer cores than the other contenders)"
 )
+
+
+def all_cores() -> int:
+    """The cores this process may run on (every contender gets all of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------- command line
@@ -54,7 +63,9 @@ def parse_common_args(doc, argv=None, skips=(), quick_flags=("--quick",)):
     p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
     for name, help_ in skips:
         p.add_argument(f"--skip-{name}", action="store_true", help=help_)
-    p.add_argument("--torch-threads", type=int, default=1, help=TORCH_THREADS_HELP)
+    p.add_argument(
+        "--torch-threads", type=int, default=all_cores(), help=TORCH_THREADS_HELP
+    )
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
     p.add_argument(
         "--keras-adamw",
@@ -141,6 +152,7 @@ def run_meta(backend, torch, sizes, args, argv=None):
         "cpu_count": os.cpu_count(),
         "accelerator": accelerator(backend, torch),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "threads": threads(torch),
         "versions": versions(),
         "git": git_revision(),
         "load_start": load(),
@@ -155,6 +167,20 @@ def run_meta(backend, torch, sizes, args, argv=None):
         else "keras_transformers.training.MaskedSparseCategoricalCrossentropy",
         "argv": sys.argv[1:] if argv is None else list(argv),
     }
+
+
+def threads(torch):
+    """Threads each library computes with. JAX (XLA:CPU) and TensorFlow use
+    every core unless told otherwise (TensorFlow's 0 means "all");
+    PyTorch's count is set by `--torch-threads`."""
+    out = {"cores": all_cores(), "jax": "all cores (XLA:CPU default)"}
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        out["tensorflow"] = intra or "all cores"
+    if torch is not None:
+        out["torch"] = torch.get_num_threads()
+    return out
 
 
 def accelerator(backend, torch):
@@ -179,7 +205,7 @@ def accelerator(backend, torch):
 def print_meta(meta):
     print(
         f"backend={meta['backend']}  cpu={meta['cpu']} x{meta['cpu_count']}  "
-        f"torch_threads={meta['torch_threads']}  "
+        f"threads={meta['threads']}  "
         f"accelerator={meta['accelerator'] or 'none (CPU)'}"
     )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))

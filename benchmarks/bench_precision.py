@@ -55,6 +55,7 @@ import numpy as np
 from _common import (
     TORCH_THREADS_HELP,
     KerasContender,
+    all_cores,
     finish,
     fmt,
     keras_loss,
@@ -119,7 +120,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--layouts", default="gpt2", help=f"comma-separated, of {sorted(LAYOUTS)}"
     )
-    p.add_argument("--torch-threads", type=int, default=1, help=TORCH_THREADS_HELP)
+    p.add_argument(
+        "--torch-threads", type=int, default=all_cores(), help=TORCH_THREADS_HELP
+    )
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
     args = p.parse_args(argv)
     args.layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
