@@ -22,6 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_transformers._atomic import atomic_directory
 from keras_transformers.cli_train import PROG, CLIError, _optimizer, _quiet_stderr
 
 LABELS_FILE = "labels.json"
@@ -289,9 +290,10 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
         f"Final: validation accuracy {accuracy:.3f}, macro-F1 {f1:.3f} (majority "
         f"class {names[majority]!r}: accuracy {base_acc:.3f}, macro-F1 {base_f1:.3f})."
     )
-    model.save_to_preset(output)
     columns = {"text_column": args.text_column, "label_column": args.label_column}
     labels_json = json.dumps({"labels": names, **columns}, indent=2)
-    (output / LABELS_FILE).write_text(labels_json + "\n")
+    with atomic_directory(output, markers=("config.json",)) as directory:
+        model.save_to_preset(directory)  # one atomic save with labels.json
+        (directory / LABELS_FILE).write_text(labels_json + "\n")
     print(f"Saved the classifier, preprocessor and {LABELS_FILE} to {output}")
     return model

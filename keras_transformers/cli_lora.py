@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_transformers._atomic import atomic_directory
 from keras_transformers.cli_train import PROG, CLIError, _optimizer, _quiet_stderr
 
 ADAPTER_FILE = "adapter.lora.npz"
@@ -274,13 +275,10 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
 
 
 def save_adapter(model, output: Path, args: argparse.Namespace, merge=False) -> None:
-    """Writes `adapter.lora.npz` + `lora.json` to `output` (after the merged
-    preset when `merge`)."""
+    """Writes `adapter.lora.npz` + `lora.json` to `output` (with the merged
+    preset when `merge`), atomically: `output` is replaced as a whole once
+    everything is written (see `keras_transformers._atomic`)."""
     state = model._lora_state
-    if merge:
-        model.save_to_preset(output)  # Keras merges LoRA kernels on save
-    output.mkdir(parents=True, exist_ok=True)
-    model.save_lora_weights(output / ADAPTER_FILE)
     info = {
         "base": str(args.preset),
         "rank": state.rank,
@@ -288,7 +286,12 @@ def save_adapter(model, output: Path, args: argparse.Namespace, merge=False) -> 
         "target": list(state.target),
         "merged_preset": bool(merge),
     }
-    (output / LORA_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    markers = (LORA_FILE, ADAPTER_FILE, "config.json")
+    with atomic_directory(output, markers=markers) as directory:
+        if merge:
+            model.save_to_preset(directory)  # Keras merges LoRA kernels on save
+        model.save_lora_weights(directory / ADAPTER_FILE)
+        (directory / LORA_FILE).write_text(json.dumps(info, indent=2) + "\n")
     what = "the merged preset, " if merge else ""
     print(f"Saved {what}{ADAPTER_FILE} and {LORA_FILE} to {output}")
 

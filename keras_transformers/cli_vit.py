@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_transformers._atomic import atomic_directory
 from keras_transformers.cli_train import PROG, CLIError, _check_train_args, _optimizer
 
 VIT_FAMILY = "vit"
@@ -285,9 +286,10 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
     print(f"{test_name.capitalize()} accuracy per epoch: {values}")
     logits = model.predict(x_test, batch_size=256, verbose=0)
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == y_test))
-    model.save_to_preset(args.output)
     text = json.dumps({"labels": list(names)}, indent=2)
-    (Path(args.output) / LABELS_FILE).write_text(text + "\n")
+    with atomic_directory(args.output, markers=("config.json",)) as directory:
+        model.save_to_preset(directory)  # one atomic save with labels.json
+        (directory / LABELS_FILE).write_text(text + "\n")
     print(
         f"Final: {test_name} accuracy {accuracy:.3f}; fit {fit_seconds:.0f} s, "
         f"total {time.perf_counter() - start:.0f} s."

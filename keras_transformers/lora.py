@@ -33,11 +33,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
-from pathlib import Path
 
 import keras
 import numpy as np
 from keras import ops
+
+from keras_transformers._atomic import atomic_file
 
 PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
 HEAD = "classifier"  # a task model's fresh head: stays trainable
@@ -214,7 +215,9 @@ def _check_path(path) -> str:
 
 def save_lora_weights(model, path):
     """Writes only the adapter (see `adapter_weights`) plus its rank, alpha
-    and targets to `path` (`.npz`, loadable without pickle)."""
+    and targets to `path` (`.npz`, loadable without pickle). The write is
+    atomic: a temporary sibling file replaces `path` once complete, so a
+    killed save leaves the previous file or the new one, whole."""
     path = _check_path(path)
     state = _state(model, "save_lora_weights()")
     arrays = {
@@ -227,8 +230,8 @@ def save_lora_weights(model, path):
         __alpha__=np.array(float(state.alpha)),
         __target__=np.array(list(state.target)),
     )
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays, **meta)
+    with atomic_file(path) as partial, open(partial, "wb") as file:
+        np.savez(file, **arrays, **meta)
 
 
 def load_lora_weights(model, path):

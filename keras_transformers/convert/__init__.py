@@ -18,6 +18,7 @@ import json
 import warnings
 from pathlib import Path
 
+from keras_transformers._atomic import atomic_directory
 from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.convert.deferred import deferred_initialization
@@ -57,7 +58,14 @@ def _read(path: Path):
         raise FileNotFoundError(
             f"{path} has no config.json: not a Hugging Face model directory."
         )
-    hf = json.loads(file.read_text())
+    try:
+        hf = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{file} is not valid JSON ({error}). Download or write it again."
+        ) from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{file} must hold a JSON object with `model_type`.")
     return hf, _converter(hf.get("model_type"))
 
 
@@ -161,12 +169,15 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     # No random initializers for the weights the checkpoint overwrites.
     with deferred_initialization():
         model = _instantiate(target, config, dtype, tokenizer, task)
-        if hasattr(module, "load_model_weights"):  # task heads too (BERT)
-            module.load_model_weights(model, checkpoint, hf)
-        else:
-            backbone = getattr(model, "backbone", model)
-            require = backbone is not model
-            module.load_weights(backbone, checkpoint, require_head=require)
+        try:
+            if hasattr(module, "load_model_weights"):  # task heads too (BERT)
+                module.load_model_weights(model, checkpoint, hf)
+            else:
+                backbone = getattr(model, "backbone", model)
+                require = backbone is not model
+                module.load_weights(backbone, checkpoint, require_head=require)
+        except ValueError as error:
+            raise checkpoint.located(error) from None
     checkpoint.close()
     checkpoint.warn_unused()
     from keras_transformers.generation.config import attach_generation_config
@@ -190,16 +201,23 @@ def export_hf(model, directory) -> None:
     models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
 
+    The export is atomic, as `save_to_preset` is: the files go to a fresh
+    sibling directory that replaces `directory` once complete, so a killed
+    export leaves the previous directory or the new one, whole, and the
+    directory holds only this export's files.
+
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
             `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout); a
             `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
             `ViTClassifier`.
-        directory: output directory (created if needed).
+        directory: output directory (created if needed; an existing one
+            must be empty or hold a `config.json`).
 
     Raises:
-        ValueError: the model has options the target format cannot express.
+        ValueError: the model has options the target format cannot express,
+            or `directory` holds files that are not a checkpoint's.
     """
     backbone = getattr(model, "backbone", model)
     family = getattr(backbone, "family", None)
@@ -211,7 +229,6 @@ def export_hf(model, directory) -> None:
         hf, tensors = mixtral.export(model)
     elif family == "vit":
         hf, tensors = vit.export(model)
-        vit.write_preprocessor(backbone.config, directory)
     elif family == "gpt":
         config = backbone.config
         module = llama if config.position_embedding == "rotary" else gpt2
@@ -222,10 +239,13 @@ def export_hf(model, directory) -> None:
             "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family, "
             f"seq2seq (Marian), Mixtral and ViT models. Received: {type(model).__name__}."
         )
-    write_checkpoint(directory, {**hf, "torch_dtype": "float32"}, tensors)
     tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None and hasattr(tokenizer, "save_assets"):
-        tokenizer.save_assets(str(directory))
+    with atomic_directory(directory, markers=("config.json",)) as path:
+        write_checkpoint(path, {**hf, "torch_dtype": "float32"}, tensors)
+        if family == "vit":
+            vit.write_preprocessor(backbone.config, path)
+        if tokenizer is not None and hasattr(tokenizer, "save_assets"):
+            tokenizer.save_assets(str(path))
 
 
 __all__ = ["CONVERTERS", "export_hf", "hf_preset_data", "load_hf_model"]
