@@ -307,7 +307,7 @@ def test_killing_a_real_gpt2_small_save(tmp_path):
     seconds = float(child.communicate(timeout=600)[0].split()[-1])
     assert keras_transformers.from_preset(target).config.num_layers == 12
     found = set()
-    for delay in (0.05, 0.3 * seconds, 0.6 * seconds, 0.9 * seconds, seconds):
+    for delay in (0.05, 0.35 * seconds, 0.7 * seconds, seconds):
         tiny.save_to_preset(target)
         child, start = _start_save(target)
         time.sleep(max(0.0, delay - (time.perf_counter() - start)))
