@@ -169,7 +169,8 @@ def scale_loss_for_distribution(value):
 
 def concrete_numpy(x):
     """`x` as a numpy array when its value is known now (eager execution),
-    or None while tracing or compiling (then checks must wait for run time)."""
+    or None while tracing or compiling (then checks must wait for run time;
+    under `torch.compile` reading a value would break the graph)."""
     import numpy as np
 
     if isinstance(x, (np.ndarray, list, tuple, int)):
@@ -179,6 +180,8 @@ def concrete_numpy(x):
 
         if not tf.executing_eagerly():
             return None
+    if keras.config.backend() == "torch" and torch_compiling():
+        return None
     try:
         return keras.ops.convert_to_numpy(x)
     except Exception:  # a tracer or symbolic tensor
@@ -199,6 +202,17 @@ def none_if_all_true(mask):
     if torch.compiler.is_compiling():
         return mask
     return None if bool(mask.all()) else mask
+
+
+def torch_compiling() -> bool:
+    """Whether `torch.compile` is tracing the running code (PyTorch with
+    `jit_compile=True`): code that reads tensor values or branches on them
+    must then take its traceable path."""
+    if keras.config.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def xla_cpu() -> bool:
@@ -256,6 +270,19 @@ def _torch_tensor(x):
         return x
     value = None if _VALUES[0] is None else _VALUES[0].get(id(x))
     return keras.ops.convert_to_tensor(x) if value is None else value
+
+
+def from_numpy(array):
+    """A numpy constant (e.g. rotary frequencies) as a tensor: on PyTorch
+    `torch.from_numpy` on Keras' device, which `torch.compile` traces (Keras'
+    `convert_to_tensor` reads the array's dtype there, a graph break);
+    elsewhere `keras.ops.convert_to_tensor`."""
+    if keras.config.backend() != "torch":
+        return keras.ops.convert_to_tensor(array)
+    import torch
+    from keras.src.backend.torch.core import get_device
+
+    return torch.from_numpy(array).to(get_device())
 
 
 def value(variable):

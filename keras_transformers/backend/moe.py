@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_transformers.backend import _torch_tensor
+from keras_transformers.backend import _torch_tensor, torch_compiling
 
 
 def has_grouped_matmul() -> bool:
@@ -19,13 +19,16 @@ def has_grouped_matmul() -> bool:
     a masked dense product, loops over row chunks, see
     `jax_grouped.grouped_matmul`), PyTorch (`grouped_mm`, CPU and CUDA; a
     per-expert loop where torch lacks it) and TensorFlow outside XLA (a
-    per-expert loop over `tf.split` groups)."""
+    per-expert loop over `tf.split` groups). Not under `torch.compile`,
+    whose fake-tensor check of `grouped_mm` takes bfloat16 inputs only, and
+    whose loop fallback would need the group sizes on the host: compiled
+    programs use the block layout."""
     backend = keras.config.backend()
     if backend == "jax":
         return True
     if backend == "tensorflow":  # a per-expert loop; XLA needs static shapes
         return not _in_xla_context()
-    return backend == "torch"
+    return backend == "torch" and not torch_compiling()
 
 
 def grouped_matmul_loops() -> bool:
@@ -172,3 +175,17 @@ def combine_rows(rows, inverse, weights):
     rows, weights = _torch_tensor(rows), _torch_tensor(weights)
     out = rows[_torch_tensor(inverse)].view(*weights.shape, rows.shape[-1])
     return (out * weights.to(out.dtype)[..., None]).sum(1)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """`keras.ops.segment_sum` of `data [A]` by `segment_ids [A]` (each in
+    `[0, num_segments)`) -> `[num_segments]`. PyTorch: one `index_add`
+    (Keras' version sizes an intermediate from the data, which
+    `torch.compile` cannot trace); integer sums, so the same numbers."""
+    if keras.config.backend() != "torch":
+        return keras.ops.segment_sum(data, segment_ids, num_segments=num_segments)
+    import torch
+
+    data, segment_ids = _torch_tensor(data), _torch_tensor(segment_ids)
+    out = torch.zeros(num_segments, dtype=data.dtype, device=data.device)
+    return out.index_add(0, segment_ids, data)

@@ -119,7 +119,7 @@ class DispatchPlan:
         self.dest = ops.where(self.kept, dest, self.num_rows)  # [A]
         # segment_sum, not ops.scatter (a Python loop on PyTorch); rows are
         # unique except the spare one, which is cut off.
-        source = ops.segment_sum(tokens + 1, self.dest, num_segments=self.num_rows + 1)
+        source = backend.segment_sum(tokens + 1, self.dest, self.num_rows + 1)
         source = source[: self.num_rows] - 1  # token of each row, -1 = empty
         # Empty rows (block padding, unused capacity) compute on token 0;
         # nothing reads their output.
