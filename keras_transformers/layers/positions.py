@@ -83,7 +83,7 @@ class RotaryEmbedding(keras.layers.Layer):
         positions = ops.cast(positions, "float32")
         if self.scaling_factor != 1.0:
             positions = positions / self.scaling_factor
-        inverse = inverse_frequencies(head_dim, self.max_wavelength)
+        inverse = backend.from_numpy(inverse_frequencies(head_dim, self.max_wavelength))
         angles = ops.multiply(positions[..., None], inverse)  # on positions' device
         if len(angles.shape) == 2:  # [T, H] or [B, T, H]
             angles = angles[None]
