@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 SAFETENSORS = "model.safetensors"
@@ -35,6 +35,45 @@ DTYPES = {
     "U8": np.uint8,
     "BOOL": np.bool_,
 }
+
+
+def _tensor_names(path: Path) -> list[str]:
+    """The tensor names of safetensors file `path`, whose header and size
+    `safetensors` validates.
+
+    Raises:
+        ValueError: the file is truncated or not a safetensors file.
+    """
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return list(f.keys())
+    except SafetensorError as error:
+        raise ValueError(
+            f"{path} is not a valid safetensors file ({error}; {path.stat().st_size} "
+            "bytes): it is truncated or corrupt, e.g. by an interrupted download. "
+            "Download or save it again."
+        ) from None
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The `weight_map` (tensor name -> shard file name) of an index file.
+
+    Raises:
+        ValueError: the file is not JSON with a `weight_map` of file names.
+    """
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        weight_map, detail = None, f" ({error})"
+    else:
+        detail = ""
+    valid = isinstance(weight_map, dict) and weight_map
+    if not valid or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(
+            f"{index} is not a valid safetensors index{detail}: it needs a JSON "
+            '"weight_map" from tensor names to shard files. Download it again.'
+        )
+    return weight_map
 
 
 class _File:
@@ -91,21 +130,15 @@ class Checkpoint:
         self.files: dict[str, Path] = {}
         single, index = self.directory / SAFETENSORS, self.directory / SAFETENSORS_INDEX
         if single.exists():
-            with safe_open(str(single), framework="numpy") as f:  # validates it
-                self.files = dict.fromkeys(f.keys(), single)
+            self.source = single
+            self.files = dict.fromkeys(_tensor_names(single), single)
         elif index.exists():
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            self.source = index
             self.files = {
-                name: self.directory / shard for name, shard in weight_map.items()
+                name: self.directory / shard
+                for name, shard in _read_index(index).items()
             }
-            missing = sorted(
-                {str(p.name) for p in self.files.values() if not p.exists()}
-            )
-            if missing:
-                raise FileNotFoundError(
-                    f"{index} names shard(s) {missing} that are missing from {self.directory}. "
-                    "Download the complete checkpoint."
-                )
+            self._check_shards(index)
         elif any((self.directory / name).exists() for name in PICKLE_FILES):
             raise FileNotFoundError(
                 f"{self.directory} only has PyTorch pickle weights (pytorch_model.bin), which "
@@ -119,7 +152,34 @@ class Checkpoint:
                 "safetensors weights, or pass `load_weights=False` for a random init."
             )
         self.used: set[str] = set()
+        self.reading: str | None = None  # the tensor `get` returned last
         self._open: dict[Path, _File] = {}
+
+    def _check_shards(self, index: Path) -> None:
+        """Every shard the index names exists, is a valid safetensors file
+        and holds the tensors the index puts there."""
+        shards = sorted(set(self.files.values()))
+        missing = [p.name for p in shards if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{index} names shard(s) {missing} that are missing from "
+                f"{self.directory}. Download the complete checkpoint."
+            )
+        for shard in shards:
+            stored = set(_tensor_names(shard))
+            absent = sorted(
+                n for n, p in self.files.items() if p == shard and n not in stored
+            )
+            if absent:
+                raise ValueError(
+                    f"{index} puts tensor(s) {absent[:5]} in {shard}, which does not "
+                    "hold them: the index and the shards come from different saves. "
+                    "Download the checkpoint again."
+                )
+
+    def where(self, name: str) -> Path | None:
+        """The file that holds tensor `name` (None: not in the checkpoint)."""
+        return self.files.get(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -132,7 +192,8 @@ class Checkpoint:
         tried = [prefix + probe for prefix in candidates]
         raise ValueError(
             f"{self.directory} does not look like a {model_type} checkpoint: none of "
-            f"{tried} is in its weights. Check `model_type` in config.json."
+            f"{tried} is in {self.source.name} (it holds e.g. {sorted(self.files)[:3]}). "
+            "config.json's `model_type` disagrees with the weights: fix config.json."
         )
 
     def get(self, name: str) -> np.ndarray:
@@ -141,17 +202,25 @@ class Checkpoint:
         the tensors returned before are unmapped first (see `_File.release`)."""
         if name not in self.files:
             raise ValueError(
-                f"Weight {name!r} is missing from the checkpoint in {self.directory}. "
-                "config.json describes a model the weights do not match (e.g. more "
+                f"Weight {name!r} is missing from {self.source}. config.json describes a model the weights do not match (e.g. more "
                 "layers, or an untied LM head): fix config.json or the overrides."
             )
         self.used.add(name)
+        self.reading = name
         path = self.files[name]
         for file in self._open.values():
             file.release()
         if path not in self._open:
             self._open[path] = _File(path)
         return self._open[path].tensor(name)
+
+    def located(self, error: ValueError) -> ValueError:
+        """`error` (raised while loading) with the file of the tensor read
+        last added, when the message does not name a file yet."""
+        path = self.where(self.reading) if self.reading else None
+        if path is None or str(self.directory) in str(error):
+            return error
+        return ValueError(f"{error} (Tensor {self.reading!r} is stored in {path}.)")
 
     def close(self) -> None:
         """Releases the mapped files (views already handed out stay valid)."""
@@ -165,9 +234,12 @@ class Checkpoint:
             n for n in set(self.files) - self.used if not n.endswith(IGNORED_SUFFIXES)
         )
         if unused:
-            more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+            shown = 20
+            more = f" and {len(unused) - shown} more" if len(unused) > shown else ""
+            files = sorted({self.files[n].name for n in unused})
             warnings.warn(
-                f"{len(unused)} checkpoint weight(s) were not used: {unused[:5]}{more}.",
+                f"{len(unused)} tensor(s) of {files} in {self.directory} were not "
+                f"used (the model has no place for them): {unused[:shown]}{more}.",
                 stacklevel=3,
             )
 

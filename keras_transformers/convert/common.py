@@ -44,13 +44,28 @@ def write(variable, value: np.ndarray) -> None:
 
 
 def check_shape(value: np.ndarray, expected, name: str, target: str) -> None:
-    """Raises a ValueError naming weight `name` unless `value.shape == expected`."""
+    """Raises a ValueError naming weight `name` unless `value.shape ==
+    expected` and `value` is floating point."""
+    check_dtype(value, name)
     if tuple(value.shape) != tuple(expected):
         raise ValueError(
             f"Checkpoint weight {name!r} has shape {list(value.shape)}, but the model "
             f"built from config.json expects {list(expected)} (for {target}). "
             "config.json (or an override) does not describe these weights: fix it to "
             "match the checkpoint."
+        )
+
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def check_dtype(value: np.ndarray, name: str) -> None:
+    """Raises a ValueError naming weight `name` unless it is floating point."""
+    if value.dtype.name not in FLOAT_DTYPES:
+        raise ValueError(
+            f"Checkpoint weight {name!r} has dtype {value.dtype.name}, but model "
+            f"weights are floating point ({', '.join(FLOAT_DTYPES)}). The checkpoint "
+            "is quantized or corrupt: load a floating-point checkpoint."
         )
 
 
