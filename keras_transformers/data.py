@@ -13,7 +13,9 @@ Backend-independent helpers (NumPy, the standard library and
 * :func:`split_tokens` - hold out the end of a token stream for validation;
 * :func:`lm_dataset` - chunk a token stream into `(inputs, labels)` batches
   for next-token prediction, as a `keras.utils.PyDataset` that `fit`,
-  `evaluate` and `predict` accept on JAX, TensorFlow and PyTorch.
+  `evaluate` and `predict` accept on JAX, TensorFlow and PyTorch;
+* :class:`ShuffledBatches` - batches of arrays in a seeded new order every
+  epoch (the same order in a resumed run, unlike `fit(x, y, shuffle=True)`).
 
 Example:
 
@@ -350,9 +352,51 @@ def lm_dataset(
     )
 
 
+class ShuffledBatches(keras.utils.PyDataset):
+    """`(x, y)` batches of arrays in a new seeded order every epoch.
+
+    Epoch `e`'s order is the `e + 1`-th permutation drawn from
+    `np.random.default_rng(seed)`, so a fresh dataset with the same seed
+    replays it (what `keras_transformers.training.BackupAndRestore` needs
+    to resume exactly). The last incomplete batch is dropped.
+
+    Args:
+        x: an array `[N, ...]` or a dict of arrays with the same `N`.
+        y: labels `[N, ...]`, or None for batches of `x` alone.
+        batch_size: rows per batch.
+        seed: seed of the order.
+    """
+
+    def __init__(self, x, y=None, batch_size: int = 32, seed: int | None = 0) -> None:
+        super().__init__()
+        rows = {len(a) for a in keras.tree.flatten(x)}
+        if y is not None:
+            rows.add(len(y))
+        if len(rows) != 1:
+            raise ValueError(
+                f"`x` and `y` must have the same number of rows. Received {sorted(rows)}."
+            )
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.num_rows = rows.pop()
+        self.rng = np.random.default_rng(seed)
+        self.order = self.rng.permutation(self.num_rows)
+
+    def __len__(self) -> int:
+        return max(self.num_rows // self.batch_size, 1)
+
+    def __getitem__(self, index: int):
+        rows = self.order[index * self.batch_size : (index + 1) * self.batch_size]
+        x = keras.tree.map_structure(lambda a: a[rows], self.x)
+        return x if self.y is None else (x, self.y[rows])
+
+    def on_epoch_end(self) -> None:
+        self.order = self.rng.permutation(self.num_rows)
+
+
 __all__ = [
     "SENTIMENT_LABELS",
     "LMDataset",
+    "ShuffledBatches",
     "default_text",
     "kjv_text",
     "lm_dataset",

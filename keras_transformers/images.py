@@ -41,6 +41,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_transformers.training.random_state import SavesRandomState
+
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
     "T-shirt/top",
@@ -354,7 +356,7 @@ def augmentation(
     return keras.Sequential(layers or [keras.layers.Identity()], name="augmentation")
 
 
-class Augmented(keras.Model):
+class Augmented(SavesRandomState, keras.Model):
     """`model(augment(images))` during training; `model(images)` otherwise.
 
     Train this wrapper with `fit`; the wrapped model's weights are trained

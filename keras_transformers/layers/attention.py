@@ -15,7 +15,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.layers.core import EinsumDense
+from keras_transformers.layers.core import EinsumDense, seeded_dropout
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.serializable import serializable
@@ -122,7 +122,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name="rotary",
             )
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = seeded_dropout(dropout, dtype=self.dtype_policy)
 
     def _projection(self, name, heads):
         return EinsumDense(

@@ -6,6 +6,7 @@ import keras
 
 from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
+from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.memory import rematerialized
@@ -153,7 +154,7 @@ class TransformerBlock(keras.layers.Layer):
             self.feed_forward.build(input_shape)
         self.feed_forward_norm = norm("feed_forward_norm")
         self.feed_forward_norm.build(input_shape)
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = seeded_dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
     def _residual(self, x, norm, sublayer, training):

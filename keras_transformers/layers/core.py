@@ -16,6 +16,8 @@ decoder 1.03 -> 0.50 s).
 
 from __future__ import annotations
 
+import random
+
 import keras
 
 from keras_transformers import backend
@@ -106,3 +108,19 @@ class RMSNormalization(_Float32Norm, keras.layers.RMSNormalization):
         if self.axis in (-1, [-1]) and self._float32:
             out = backend.norm(x, self.scale, None, self.epsilon, rms=True)
         return super().call(x) if out is None else out
+
+
+def seeded_dropout(rate: float, dtype=None, name: str | None = None):
+    """`keras.layers.Dropout(rate)` with an explicit seed.
+
+    The seed is drawn from Python's `random` as Keras draws one for an
+    unseeded layer (so `keras.utils.set_random_seed` fixes it and JAX and
+    TensorFlow give the same masks as before). Explicit matters on
+    PyTorch: an unseeded Keras dropout draws from PyTorch's global
+    generator, whose state no checkpoint holds; a seeded one draws from its
+    `SeedGenerator`, which `fit()` advances and saved weights restore (see
+    `keras_transformers.training.random_state`), so a resumed run draws the
+    same masks.
+    """
+    seed = random.randint(1, int(1e9))
+    return keras.layers.Dropout(rate, seed=seed, dtype=dtype, name=name)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import keras
 
 from keras_transformers.backend import call_layer
-from keras_transformers.layers.core import Dense, LayerNormalization, RMSNormalization
+from keras_transformers.layers.core import (
+    Dense,
+    LayerNormalization,
+    RMSNormalization,
+    seeded_dropout,
+)
 from keras_transformers.layers.serializable import serializable
 
 
@@ -77,7 +82,7 @@ class FeedForward(keras.layers.Layer):
         self.use_bias = use_bias
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = seeded_dropout(dropout, dtype=self.dtype_policy)
 
     def _dense(self, units, name):
         return Dense(

@@ -15,10 +15,10 @@ from keras import ops
 
 from keras_transformers import backend, lora
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
-from keras_transformers.backend.compiled import prepare_train_function
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
-from keras_transformers.layers.core import Dense
+from keras_transformers.layers.core import Dense, seeded_dropout
+from keras_transformers.training.random_state import SavesRandomState
 
 
 def resolve_config(config, fields: dict) -> TransformerConfig:
@@ -246,17 +246,12 @@ def run_blocks(
     return x, tuple(caches)
 
 
-class ConfiguredModel(keras.Model):
+class ConfiguredModel(SavesRandomState, keras.Model):
     """Base of every model: holds `config`, derives `get_config()` from it,
-    and carries the preset entry points."""
+    and carries the preset entry points. Saved weights include the state of
+    its dropout seed generators, so training resumes exactly."""
 
     family: str = ""
-
-    def make_train_function(self, force=False):
-        """Keras' train function, with PyTorch's compiled path prepared so
-        that it compiles once (`backend.compiled.prepare_train_function`)."""
-        prepare_train_function(self)
-        return super().make_train_function(force)
 
     def _norm(self, name):
         """A built norm of the config's type over `hidden_dim` features."""
@@ -395,7 +390,7 @@ class TaskModel(ConfiguredModel):
             )
         self.num_classes = num_classes
         self.classifier_dropout = dropout
-        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout = seeded_dropout(dropout, dtype=self.dtype_policy)
         self.classifier = Dense(
             num_classes,
             kernel_initializer=kernel_initializer,

@@ -15,6 +15,7 @@ from keras_transformers.layers import (
     TokenEmbedding,
     make_norm,
 )
+from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.models.base import (
     ConfiguredModel,
     initializer,
@@ -105,7 +106,7 @@ class TextBackbone(ConfiguredModel):
                 c.norm_type, c.norm_epsilon, dtype, "embedding_norm"
             )
             self.embedding_norm.build((None, None, d))
-        self.embedding_dropout = keras.layers.Dropout(c.dropout, dtype=dtype)
+        self.embedding_dropout = seeded_dropout(c.dropout, dtype=dtype)
 
     def embed(
         self, token_ids, segment_ids=None, start_index=0, training=None, norm=None

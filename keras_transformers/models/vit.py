@@ -9,7 +9,7 @@ from keras import ops
 
 from keras_transformers.backend import call_layer
 from keras_transformers.layers import PatchEmbedding
-from keras_transformers.layers.core import Dense
+from keras_transformers.layers.core import Dense, seeded_dropout
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -136,7 +136,7 @@ class ViTBackbone(ConfiguredModel):
             name="patch_embedding",
         )
         self.patch_embedding.build((None, v.image_size, v.image_size, v.num_channels))
-        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=dtype)
+        self.embedding_dropout = seeded_dropout(config.dropout, dtype=dtype)
         self.blocks = make_blocks(
             config, config.num_layers, "block", self.dtype_policy, causal=False
         )

@@ -1,6 +1,7 @@
 """Training utilities Keras lacks: schedules, Adam/AdamW updating in place
 on PyTorch, the paper's Adam, masked losses and metrics, BLEU, checkpoint
-averaging, and throughput / MFU measurement.
+averaging, throughput / MFU measurement, and exact resumption of an
+interrupted `fit()` (`BackupAndRestore`).
 
 Everything here is backend-agnostic (JAX, TensorFlow, PyTorch), works inside
 compiled `model.fit()`, and is registered for `.keras` serialization under
@@ -26,6 +27,7 @@ from keras_transformers.training.optimizers import (
     PerUpdateSchedule,
     transformer_adam,
 )
+from keras_transformers.training.resume import BackupAndRestore, ResumableBatches
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,
     WarmupCosineDecay,
@@ -34,6 +36,7 @@ from keras_transformers.training.schedules import (
 __all__ = [
     "Adam",
     "AdamW",
+    "BackupAndRestore",
     "BleuScore",
     "CheckpointAveraging",
     "InverseSquareRootSchedule",
@@ -41,6 +44,7 @@ __all__ = [
     "MaskedSparseCategoricalCrossentropy",
     "PerUpdateSchedule",
     "Perplexity",
+    "ResumableBatches",
     "ThroughputCallback",
     "WarmupCosineDecay",
     "corpus_bleu",
