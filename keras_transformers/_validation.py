@@ -4,6 +4,8 @@ dataclasses (see `keras_transformers.config`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import fields
 from typing import Any
 
@@ -21,12 +23,19 @@ def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> N
         _fail(name, value, f"an integer >= {minimum}")
 
 
+def _is_number(value: Any) -> bool:
+    """A finite real number (NumPy scalars included), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return math.isfinite(value)
+
+
 def _check_float(name: str, value: Any, low: float, high: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and _is_number(value)  # JSON numbers
     ok = ok and value >= low and (high is None or value < high)
     if not ok:
         span = f"in [{low}, {high})" if high is not None else f">= {low}"
-        _fail(name, value, f"a number {span}")
+        _fail(name, value, f"a finite number {span}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -41,13 +50,12 @@ def _check_numbers(name: str, value: Any, lengths: tuple[int, ...]):
         return None
     values = (value,) if isinstance(value, (int, float)) else value
     ok = isinstance(values, (list, tuple)) and len(values) in lengths
-    if not ok or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
-    ):
+    if not ok or not all(isinstance(v, (int, float)) and _is_number(v) for v in values):
         _fail(
             name,
             value,
-            f"a number or a list of {' or '.join(map(str, sorted(set(lengths))))} numbers",
+            f"a finite number or a list of {' or '.join(map(str, sorted(set(lengths))))} "
+            "finite numbers",
         )
     return tuple(float(v) for v in values)
 
@@ -80,6 +88,18 @@ class _Group:
         if unknown:
             raise ValueError(
                 f"Unknown {cls.__name__} key(s) {unknown}. Known keys: {sorted(known)}."
+            )
+        required = [
+            f.name
+            for f in known.values()
+            if f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+            and f.name not in data
+        ]
+        if required:
+            raise ValueError(
+                f"{cls.__name__} needs the key(s) {required}, which are missing. "
+                f"Received keys: {sorted(data)}."
             )
         kwargs = dict(data)
         for name, group in getattr(cls, "_groups", lambda: {})().items():
@@ -115,3 +135,65 @@ class _Group:
                 base = current.to_dict() if current is not None else {}
                 changes[name] = group.from_dict({**base, **changes[name]})
         return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------- arguments of functions
+def check_argument_int(
+    name: str, value: Any, minimum: int, optional: bool = False
+) -> int | None:
+    """`value` as an int (NumPy integers accepted), or None when `optional`.
+
+    Raises:
+        ValueError: not an integer >= `minimum` (bools and floats included).
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        ok = False
+    else:
+        ok = value >= minimum
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
+def check_argument_number(
+    name: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    optional: bool = False,
+) -> float | None:
+    """`value` as a float (NumPy scalars accepted), or None when `optional`.
+
+    Raises:
+        ValueError: not a finite number in `[low, high]` (`(low, high]`
+            with `low_open`; no upper bound when `high` is None).
+    """
+    if value is None and optional:
+        return None
+    ok = _is_number(value) and (value > low if low_open else value >= low)
+    ok = ok and (high is None or value <= high)
+    if not ok:
+        span = (
+            ("(" if low_open else "[") + f"{low}, " + (f"{high}]" if high else "inf)")
+        )
+        span = "" if low == -math.inf else f" in {span}"
+        raise ValueError(
+            f"`{name}` must be a finite number{span}. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_argument_choice(name: str, value: Any, choices: tuple) -> Any:
+    """`value` when it is one of `choices` (compared by `==` among
+    strings, by identity otherwise)."""
+    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+        raise ValueError(
+            f"`{name}` must be one of {choices}. Received: {name}={value!r}"
+        )
+    return value

@@ -33,12 +33,14 @@ Reference:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers._validation import check_argument_number
 from keras_transformers.generation.generate import _compiled
 
 PENALTY_STYLES = ("gnmt", "power")
@@ -74,6 +76,10 @@ class BeamSpec:
             raise ValueError(
                 f"`num_beams` must be an integer >= 1. Received: num_beams={self.num_beams!r}"
             )
+        penalty = check_argument_number(
+            "length_penalty", self.length_penalty, -math.inf
+        )
+        object.__setattr__(self, "length_penalty", penalty)  # a compile key
         if self.style not in PENALTY_STYLES:
             raise ValueError(
                 f"`length_penalty_style` must be one of {PENALTY_STYLES}. "

@@ -14,7 +14,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_transformers.generation.sampling import SamplerSpec
+from keras_transformers._validation import (
+    check_argument_choice,
+    check_argument_int,
+    check_argument_number,
+)
+from keras_transformers.generation.sampling import SAMPLERS, SamplerSpec
 
 FILENAME = "generation_config.json"
 # Hugging Face's defaults where a sampling checkpoint leaves them out.
@@ -135,10 +140,13 @@ def resolve_sampler(defaults, sampler, temperature, top_k, top_p) -> SamplerSpec
     Both top_k and top_p given: the nucleus of the top k ("top_p" with
     `top_k`), Hugging Face's order.
     """
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"`top_p` must be in (0, 1]. Received: top_p={top_p}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"`top_k` must be >= 1. Received: top_k={top_k}")
+    if sampler is not None:
+        check_argument_choice("sampler", sampler, SAMPLERS)
+    top_p = check_argument_number("top_p", top_p, 0, 1, low_open=True, optional=True)
+    top_k = check_argument_int("top_k", top_k, 1, optional=True)
+    temperature = check_argument_number(
+        "temperature", temperature, 0, low_open=True, optional=True
+    )
     if sampler == "greedy" and top_k is None and top_p is None:
         return SamplerSpec("greedy")
     sampling = sampler is not None or top_k is not None or top_p is not None

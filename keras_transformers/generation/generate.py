@@ -20,10 +20,13 @@ loop a chunk of positions at a time with the host in between
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import compile_function
 from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
@@ -59,9 +62,29 @@ def _stop_ids(model, stop_token_ids):
         return () if eos is None else tuple(int(t) for t in eos)
     if stop_token_ids is None:
         return ()
-    if isinstance(stop_token_ids, int):
-        return (int(stop_token_ids),)
-    return tuple(int(t) for t in stop_token_ids)
+    many = isinstance(stop_token_ids, (list, tuple, set, frozenset))
+    ids = tuple(stop_token_ids) if many else (stop_token_ids,)
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            ok = False
+        else:
+            ok = token >= 0
+        if not ok:
+            raise ValueError(
+                "`stop_token_ids` must be 'auto', None, an id or a list of ids "
+                f"(integers >= 0). Received: {stop_token_ids!r}"
+            )
+    return tuple(int(t) for t in ids)
+
+
+def check_run_arguments(seed, stream=None) -> None:
+    """Checks the `seed` and `stream` arguments of the generate functions."""
+    check_argument_int("seed", seed, 0, optional=True)
+    if stream is not None and not callable(stream):
+        raise ValueError(
+            "`stream` must be a callable taking a [batch] array of new tokens. "
+            f"Received: {type(stream).__name__}"
+        )
 
 
 def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
@@ -256,14 +279,16 @@ def generate(
     defaults = generation_config(model)
     spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)
     settings = LogitsSettings(
-        float(_pick(repetition_penalty, defaults.repetition_penalty, 1.0)),
+        _pick(repetition_penalty, defaults.repetition_penalty, 1.0),
         _pick(min_new_tokens, defaults.min_new_tokens, 0),
     )
     strings = stop_strings_module.normalize(stop_strings)
     if strings and getattr(model, "tokenizer", None) is None:
         raise ValueError("`stop_strings` need a tokenizer: set `model.tokenizer`.")
+    check_run_arguments(seed, stream)
     config = model.config
     rows, was_text, single = _prompt_rows(model, prompts)
+    _check_ids(rows, config)
     lengths = np.array([len(r) for r in rows])
     max_new_tokens = _max_new_tokens(max_new_tokens, defaults, lengths, config)
     total = int(lengths.max()) + max_new_tokens
@@ -331,11 +356,7 @@ def _max_new_tokens(value, defaults, lengths, config):
         value = max(1, limit - int(lengths.max()))
     elif value is None:
         value = DEFAULT_MAX_NEW_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"`max_new_tokens` must be a positive integer. Received: {value!r}"
-        )
-    return value
+    return check_argument_int("max_new_tokens", value, 1)
 
 
 def _compiled(model, kind, spec, stop_ids, make):

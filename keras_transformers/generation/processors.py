@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from keras import ops
 
+from keras_transformers._validation import check_argument_int, check_argument_number
+
 
 @dataclass(frozen=True)
 class LogitsSettings:
@@ -38,16 +40,13 @@ class LogitsSettings:
     min_new_tokens: int = 0
 
     def __post_init__(self):
-        if not self.repetition_penalty > 0:
-            raise ValueError(
-                "`repetition_penalty` must be > 0 (1.0: no penalty). "
-                f"Received: repetition_penalty={self.repetition_penalty}"
-            )
-        if not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
-            raise ValueError(
-                "`min_new_tokens` must be an integer >= 0. "
-                f"Received: min_new_tokens={self.min_new_tokens!r}"
-            )
+        # Plain Python numbers: the settings key the compiled loops.
+        penalty = check_argument_number(
+            "repetition_penalty", self.repetition_penalty, 0, low_open=True
+        )
+        minimum = check_argument_int("min_new_tokens", self.min_new_tokens, 0)
+        object.__setattr__(self, "repetition_penalty", penalty)
+        object.__setattr__(self, "min_new_tokens", minimum)
 
     @property
     def tracks_presence(self) -> bool:

@@ -15,29 +15,89 @@ def _prompt_rows(model, prompts, ids_key="token_ids", mask_key="padding_mask"):
     if single:
         prompts = [prompts]
     if isinstance(prompts, dict):
-        ids = np.asarray(ops.convert_to_numpy(prompts[ids_key]))
-        mask = prompts.get(mask_key)
-        mask = (
-            np.ones_like(ids, bool)
-            if mask is None
-            else np.asarray(ops.convert_to_numpy(mask)).astype(bool)
-        )
-        return [list(r[m]) for r, m in zip(ids, mask)], False, False
-    if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], str):
+        return _dict_rows(prompts, ids_key, mask_key), False, False
+    if isinstance(prompts, (list, tuple)) and any(isinstance(p, str) for p in prompts):
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError(
+                "Prompts mix strings and token ids: pass a list of strings or a "
+                "list of id lists."
+            )
         if getattr(model, "tokenizer", None) is None:
             raise ValueError(
                 "Text prompts need a tokenizer: pass token ids, or attach one with "
                 "`model.tokenizer = ...` (presets saved with a tokenizer restore it)."
             )
         return [list(model.tokenizer.encode(p)) for p in prompts], True, single
-    array = (
-        prompts if isinstance(prompts, (list, tuple)) else ops.convert_to_numpy(prompts)
-    )
-    if isinstance(array, np.ndarray) and array.ndim == 1:
-        array = array[None]
-        single = True
-    rows = [list(np.asarray(r).reshape(-1)) for r in array]
-    return rows, False, single
+    if isinstance(prompts, (list, tuple)):
+        if prompts and not any(_is_row(p) for p in prompts):
+            prompts, single = [prompts], True  # one prompt as a flat id list
+        rows = [_row(r, i) for i, r in enumerate(prompts)]
+        return rows, False, single
+    if not hasattr(prompts, "shape"):
+        raise ValueError(
+            "`prompts` must be a string, a list of strings, a list of id lists, "
+            f"a [batch, length] id array or a dict. Received: {type(prompts).__name__}"
+        )
+    array = _array(prompts)
+    if array.ndim == 1:
+        array, single = array[None], True
+    if array.ndim != 2:
+        raise ValueError(
+            "An id array of prompts must have shape [batch, length] or [length]. "
+            f"Received shape {array.shape}."
+        )
+    return [_row(r, i) for i, r in enumerate(array)], False, single
+
+
+def _is_row(value) -> bool:
+    """Whether `value` is a sequence (a row of ids), not a single id."""
+    return isinstance(value, (list, tuple)) or len(getattr(value, "shape", ())) > 0
+
+
+def _array(value) -> np.ndarray:
+    """`value` (a tensor, array or nested list) as a NumPy array; ragged
+    nesting gives a 0-d object array, which every check rejects."""
+    try:
+        return np.asarray(
+            ops.convert_to_numpy(value) if hasattr(value, "shape") else value
+        )
+    except ValueError:
+        return np.asarray(None)
+
+
+def _row(row, index):
+    """One prompt as a list of ints; raises ValueError unless it is a flat
+    sequence of integers."""
+    values = _array(row)
+    if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+        raise ValueError(
+            f"Prompt {index} must be a flat list of integer token ids. Received: "
+            f"{row!r:.80}"
+        )
+    return [int(t) for t in values]
+
+
+def _dict_rows(prompts, ids_key, mask_key):
+    """The rows of `{ids_key: [B, T], mask_key: [B, T]}` (right padding)."""
+    if ids_key not in prompts:
+        raise ValueError(
+            f"A dict of prompts needs {ids_key!r} (and optionally {mask_key!r}). "
+            f"Received keys: {sorted(prompts)}"
+        )
+    ids = _array(prompts[ids_key])
+    if ids.ndim != 2:
+        raise ValueError(
+            f"{ids_key!r} must have shape [batch, length]. Received shape {ids.shape}."
+        )
+    mask = prompts.get(mask_key)
+    mask = np.ones_like(ids, bool) if mask is None else _array(mask)
+    if np.shape(mask) != ids.shape:
+        raise ValueError(
+            f"{mask_key!r} shape {np.shape(mask)} does not match {ids_key!r} shape "
+            f"{ids.shape}."
+        )
+    mask = np.asarray(mask).astype(bool)
+    return [_row(r[m], i) for i, (r, m) in enumerate(zip(ids, mask))]
 
 
 def _check_ids(rows, config, noun="prompt", arg="prompts"):
@@ -61,7 +121,6 @@ def _check_ids(rows, config, noun="prompt", arg="prompts"):
 
 
 def _check_rows(rows, config, total):
-    _check_ids(rows, config)
     if total > config.max_sequence_length:
         raise ValueError(
             f"Prompt length {max(map(len, rows))} plus max_new_tokens needs {total} positions, "

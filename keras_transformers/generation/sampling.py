@@ -7,6 +7,7 @@ PyTorch, and the compiled loop needs no random-state plumbing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from keras import ops
@@ -36,9 +37,10 @@ class SamplerSpec:
             raise ValueError(
                 f"Unknown sampler {self.name!r}. Expected one of {SAMPLERS}."
             )
-        if not self.temperature > 0:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(
-                f"`temperature` must be > 0. Received: temperature={self.temperature}"
+                "`temperature` must be a finite number > 0. "
+                f"Received: temperature={self.temperature}"
             )
         if self.name == "top_k" and (self.top_k is None or self.top_k < 1):
             raise ValueError(

@@ -16,11 +16,13 @@ token included), N beams.
 from __future__ import annotations
 
 import inspect
+import numbers
 
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers._validation import check_argument_choice, check_argument_int
 from keras_transformers.generation.beam_search import BeamSpec, beam_search
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.generate import (
@@ -31,6 +33,7 @@ from keras_transformers.generation.generate import (
     _prompt_rows,
     _step_fn,
     _stop_ids,
+    check_run_arguments,
     decode_loop,
     initial_state,
     pad_rows,
@@ -85,10 +88,9 @@ def _greedy_fn(model, spec, stop_ids, pad_id, settings):
 
 
 def _check_settings(config, max_new_tokens, num_beams, spec, return_all_beams):
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(
-            f"`max_new_tokens` must be a positive integer. Received: {max_new_tokens!r}"
-        )
+    """Validates the search settings; returns `max_new_tokens` as an int."""
+    max_new_tokens = check_argument_int("max_new_tokens", max_new_tokens, 1)
+    check_argument_choice("return_all_beams", return_all_beams, (True, False))
     if max_new_tokens + 1 > config.max_sequence_length:
         raise ValueError(
             f"max_new_tokens={max_new_tokens} plus the start token needs "
@@ -105,6 +107,7 @@ def _check_settings(config, max_new_tokens, num_beams, spec, return_all_beams):
             f"cannot be combined with num_beams={num_beams} or return_all_beams. "
             "Use num_beams=1 to sample."
         )
+    return max_new_tokens
 
 
 def _pad_sources(rows, config):
@@ -211,7 +214,7 @@ def generate(
     defaults = generation_config(model)
     spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)
     settings = LogitsSettings(
-        float(_pick(repetition_penalty, defaults.repetition_penalty, 1.0)),
+        _pick(repetition_penalty, defaults.repetition_penalty, 1.0),
         _pick(min_new_tokens, defaults.min_new_tokens, 0),
     )
     config = model.config
@@ -222,7 +225,10 @@ def generate(
     max_new_tokens = (
         DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     )
-    _check_settings(config, max_new_tokens, num_beams, spec, return_all_beams)
+    max_new_tokens = _check_settings(
+        config, max_new_tokens, num_beams, spec, return_all_beams
+    )
+    check_run_arguments(seed)
     if (num_beams > 1 or return_all_beams) and settings != LogitsSettings():
         raise ValueError(
             "Beam search applies no logits processors: `repetition_penalty` and "
@@ -231,7 +237,7 @@ def generate(
     beam_spec = None
     if num_beams > 1 or return_all_beams:
         beam_spec = BeamSpec(
-            num_beams, float(length_penalty), length_penalty_style, early_stopping
+            num_beams, length_penalty, length_penalty_style, early_stopping
         )
     rows, was_text, single = _source_rows(model, inputs)
     _check_ids(rows, config, noun="source", arg="inputs")
@@ -241,7 +247,8 @@ def generate(
         _pick(defaults.decoder_start_token_id, defaults.bos_token_id, None),
         config.bos_token_id,
     )
-    if start is None or not 0 <= int(start) < config.vocabulary_size:
+    integer = isinstance(start, numbers.Integral) and not isinstance(start, bool)
+    if not integer or not 0 <= start < config.vocabulary_size:
         raise ValueError(
             "Decoding starts from `start_token_id` (default: config.bos_token_id), "
             f"an id in [0, {config.vocabulary_size}). Received: {start!r}"

@@ -25,7 +25,8 @@ def normalize(stop_strings) -> tuple[str, ...]:
         return ()
     if isinstance(stop_strings, str):
         stop_strings = (stop_strings,)
-    out = tuple(stop_strings)
+    iterable = isinstance(stop_strings, (list, tuple, set, frozenset))
+    out = tuple(stop_strings) if iterable else (stop_strings,)
     if not all(isinstance(s, str) and s for s in out):
         raise ValueError(
             "`stop_strings` must be a non-empty string or a list of them. "

@@ -18,6 +18,7 @@ from keras_transformers.backend import call_layer, concrete_numpy, in_shape_infe
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
 from keras_transformers.layers.core import Dense, seeded_dropout
+from keras_transformers.models.inputs import check_not_empty, host_inputs
 from keras_transformers.training.random_state import SavesRandomState
 
 
@@ -88,6 +89,7 @@ def check_token_ids(
             f"`{name}` must have shape [batch, length]. Received rank {len(shape)} "
             f"with shape {shape}. Add a batch dimension with `x[None]`."
         )
+    check_not_empty(name, shape)
     if not hasattr(token_ids, "dtype"):
         token_ids = np.asarray(token_ids)
     dtype = keras.backend.standardize_dtype(token_ids.dtype)
@@ -138,6 +140,11 @@ def unpack_token_inputs(inputs, config: TransformerConfig, extra=(), check_value
     padding_mask = check_padding_mask(padding_mask, token_ids)
     if "segment_ids" in extra and rest[extra.index("segment_ids")] is not None:
         i = extra.index("segment_ids")
+        if tuple(rest[i].shape) != tuple(token_ids.shape):
+            raise ValueError(
+                f"`segment_ids` shape {tuple(rest[i].shape)} does not match "
+                f"`token_ids` shape {tuple(token_ids.shape)}."
+            )
         rest[i] = check_token_ids(
             rest[i],
             config,
@@ -252,6 +259,15 @@ class ConfiguredModel(SavesRandomState, keras.Model):
     its dropout seed generators, so training resumes exactly."""
 
     family: str = ""
+
+    def __call__(self, *args, **kwargs):
+        """Checks host inputs (lists, text, ids beyond int32) first; see
+        `keras_transformers.models.inputs`."""
+        if args:
+            args = (host_inputs(args[0]), *args[1:])
+        elif "inputs" in kwargs:
+            kwargs["inputs"] = host_inputs(kwargs["inputs"])
+        return super().__call__(*args, **kwargs)
 
     def _norm(self, name):
         """A built norm of the config's type over `hidden_dim` features."""

@@ -20,6 +20,7 @@ from keras_transformers.models.base import (
     resolve_config,
     run_blocks,
 )
+from keras_transformers.models.inputs import check_finite, check_not_empty
 
 
 def check_images(images, vision):
@@ -43,6 +44,7 @@ def check_images(images, vision):
             f"`images` must have shape [batch, height, width, channels] (channels "
             f"last). Received shape {shape}. Add a batch axis with `x[None]`."
         )
+    check_not_empty("images", shape)
     dtype = keras.backend.standardize_dtype(images.dtype)
     if "float" not in dtype:
         raise ValueError(
@@ -154,9 +156,16 @@ class ViTBackbone(ConfiguredModel):
         self.built = True
 
     def call(self, inputs, training=None):
+        if isinstance(inputs, dict) and "images" not in inputs:
+            raise ValueError(
+                f"Inputs must contain 'images'. Received keys {sorted(inputs)}."
+            )
         images = inputs["images"] if isinstance(inputs, dict) else inputs
         vision = self.config.vision
-        images = normalize(check_images(images, vision), vision)
+        images = check_images(images, vision)
+        if not training:  # training steps skip the device-to-host sync
+            check_finite("images", images)
+        images = normalize(images, vision)
         x = call_layer(self.patch_embedding, ops.cast(images, self.compute_dtype))
         if training and self.config.dropout > 0:
             x = self.embedding_dropout(x, training=training)

@@ -1,0 +1,91 @@
+"""Checks on model inputs shared by every family, made before a backend
+sees them: Python lists and text become arrays or clear errors, integer
+arrays must fit the int32 ids the models compute with, batches must not be
+empty, and images outside training must be finite.
+
+`ConfiguredModel.__call__` runs `host_inputs` on every call; the
+families' input checks (`check_token_ids`, `check_images`) call
+`check_not_empty` and `check_finite`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_transformers.backend import concrete_numpy
+
+INT32 = np.iinfo(np.int32)
+
+
+def _host_array(value, name: str):
+    """`value` as a NumPy array when it is a Python list, number, None or a
+    NumPy array; tensors pass unchanged.
+
+    Raises:
+        ValueError: text, a ragged nested list, non-numeric values, or
+            integers beyond the int32 range.
+    """
+    if isinstance(value, (str, bytes)):
+        raise ValueError(
+            f"`{name}` is text ({value!r:.40}). Models take token ids: encode the "
+            "text first (e.g. `model.tokenizer.encode(text)`), or pass strings to "
+            "`generate()`."
+        )
+    if value is None or isinstance(value, (list, tuple, int, float)):
+        try:
+            value = np.asarray(value)
+        except ValueError:
+            raise ValueError(
+                f"`{name}` is a ragged nested list: pad every sequence to one length "
+                "(and pass a padding mask), or give an array."
+            ) from None
+    if not isinstance(value, np.ndarray):
+        return value
+    if value.dtype.kind not in "biuf":
+        raise ValueError(
+            f"`{name}` must hold numbers. Received dtype {value.dtype}: "
+            "tokenize text into ids first."
+        )
+    if value.dtype.kind in "iu" and value.size:
+        low, high = int(value.min()), int(value.max())
+        if low < INT32.min or high > INT32.max:
+            bad = low if low < INT32.min else high
+            raise ValueError(
+                f"`{name}` holds {bad}, outside the int32 range of token ids: the "
+                "ids do not come from this model's tokenizer."
+            )
+    return value
+
+
+def host_inputs(inputs):
+    """Model inputs (a dict, or one value) with Python lists made arrays
+    and host values checked (see `_host_array`)."""
+    if isinstance(inputs, dict):
+        return {k: _host_array(v, str(k)) for k, v in inputs.items()}
+    return _host_array(inputs, "inputs")
+
+
+def check_not_empty(name: str, shape) -> None:
+    """Raises ValueError when a known dimension of `shape` is 0."""
+    if any(size == 0 for size in shape):
+        raise ValueError(
+            f"`{name}` is empty (shape {tuple(shape)}): pass at least one "
+            "sequence (or image) with at least one element."
+        )
+
+
+def check_finite(name: str, values) -> None:
+    """Raises ValueError when `values` hold NaN or infinity, which every
+    output would inherit. Checked where the values are known now (NumPy
+    inputs, eager calls: one reduction and a scalar read), not while
+    tracing."""
+    if isinstance(values, np.ndarray):
+        finite = np.isfinite(values).all()
+    else:
+        finite = concrete_numpy(ops.all(ops.isfinite(values)))
+    if finite is not None and not finite:
+        raise ValueError(
+            f"`{name}` contains NaN or infinite values. Check the data pipeline "
+            "(e.g. a division by zero in preprocessing)."
+        )
