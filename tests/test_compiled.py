@@ -1,0 +1,211 @@
+"""Compiled training paths: `compile(jit_compile=True)` trains and evaluates
+every family with the same losses as eager execution.
+
+PyTorch compiles through `torch.compile` (Dynamo + Inductor): one
+compilation per train / test function, no recompilation at later steps,
+and no graph break inside the model (the one break left is Keras' own
+`loss.backward()` call, which Dynamo does not trace). TensorFlow compiles
+through XLA. JAX always compiles, so it has nothing to compare.
+
+Compiling is slow on a small CPU: the PyTorch cases other than GPT-2 carry
+the `large` marker.
+"""
+
+import contextlib
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformers.models import (
+    BertBackbone,
+    BertClassifier,
+    GPTCausalLM,
+    MixtralCausalLM,
+    Seq2SeqLM,
+    ViTClassifier,
+)
+from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
+from tests.contracts import assert_close
+
+BATCH, STEPS, LENGTH = 4, 3, 8
+
+
+def _tokens(rng, vocabulary, length=LENGTH):
+    return rng.integers(3, vocabulary, (BATCH * STEPS, length)).astype("int32")
+
+
+def _causal_lm(cls, preset):
+    def make(rng):
+        model = cls.from_preset(preset, num_layers=1)
+        ids = _tokens(rng, model.config.vocabulary_size, LENGTH + 1)
+        mask = np.ones((len(ids), LENGTH), bool)
+        mask[0, 5:] = False  # a padded row
+        x = {"token_ids": ids[:, :-1], "padding_mask": mask}
+        return (
+            model,
+            x,
+            ids[:, 1:],
+            MaskedSparseCategoricalCrossentropy(from_logits=True),
+        )
+
+    return make
+
+
+def _bert(rng):
+    backbone = BertBackbone.from_preset(
+        "bert_tiny", num_layers=1, dropout=0.0, attention_dropout=0.0
+    )
+    model = BertClassifier(backbone, num_classes=2, classifier_dropout=0.0)
+    ids = _tokens(rng, backbone.config.vocabulary_size)
+    x = {
+        "token_ids": ids,
+        "padding_mask": np.ones(ids.shape, bool),
+        "segment_ids": np.zeros(ids.shape, "int32"),
+    }
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return model, x, np.arange(len(ids)) % 2, loss
+
+
+def _vit(rng):
+    model = ViTClassifier.from_preset("vit_tiny_28", num_classes=4, num_layers=1)
+    x = rng.uniform(0, 255, (BATCH * STEPS, 28, 28, 1)).astype("float32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return model, x, np.arange(len(x)) % 4, loss
+
+
+def _seq2seq(rng):
+    model = Seq2SeqLM.from_preset("transformer_tiny", num_layers=1)
+    source = _tokens(rng, model.config.vocabulary_size)
+    target = _tokens(rng, model.config.vocabulary_size, LENGTH + 1)
+    x = {
+        "encoder_token_ids": source,
+        "encoder_padding_mask": np.ones(source.shape, bool),
+        "decoder_token_ids": target[:, :-1],
+        "decoder_padding_mask": np.ones((len(target), LENGTH), bool),
+    }
+    return model, x, target[:, 1:], MaskedSparseCategoricalCrossentropy(ignore_class=0)
+
+
+FAMILIES = {
+    "gpt2": _causal_lm(GPTCausalLM, "gpt2_tiny"),
+    "llama": _causal_lm(GPTCausalLM, "gpt_llama_tiny"),
+    "mixtral": _causal_lm(MixtralCausalLM, "mixtral_tiny"),
+    "bert": _bert,
+    "vit": _vit,
+    "seq2seq": _seq2seq,
+}
+
+
+class _BatchLosses(keras.callbacks.Callback):
+    """Each training step's loss, and a probe's value after each step."""
+
+    def __init__(self, probe=None):
+        super().__init__()
+        self.losses, self.probes, self.probe = [], [], probe
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+        if self.probe is not None:
+            self.probes.append(self.probe())
+
+
+def _fit(model, x, y, loss, jit_compile, probe=None):
+    # SGD: Adam's first steps turn float32 noise in near-zero gradients into
+    # full-size updates, which no tolerance on the weights survives.
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=jit_compile
+    )
+    record = _BatchLosses(probe)
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x, y),
+        callbacks=[record],
+    )
+    return record, history.history["val_loss"][-1]
+
+
+def _compiled_matches_eager(family, rng, probe=None):
+    """Fits one model eagerly and an identical one compiled; returns the
+    compiled run's record after checking losses and weights agree."""
+    make = FAMILIES[family]
+    keras.utils.set_random_seed(0)
+    eager, x, y, loss = make(rng)
+    keras.utils.set_random_seed(0)
+    compiled, _, _, _ = make(np.random.default_rng(0))
+    compiled(x if not isinstance(x, dict) else {k: v[:1] for k, v in x.items()})
+    eager(x if not isinstance(x, dict) else {k: v[:1] for k, v in x.items()})
+    compiled.set_weights(eager.get_weights())
+
+    eager_record, eager_val = _fit(eager, x, y, loss, jit_compile=False)
+    record, val = _fit(compiled, x, y, loss, jit_compile=True, probe=probe)
+    assert_close(record.losses, eager_record.losses, atol=1e-4, rtol=1e-5)
+    assert_close(val, eager_val, atol=1e-4, rtol=1e-5)
+    for a, b in zip(compiled.get_weights(), eager.get_weights()):
+        assert_close(a, b, atol=1e-4)
+    return record
+
+
+def _torch_params():
+    slow = pytest.mark.large
+    return [pytest.param(f, marks=() if f == "gpt2" else slow) for f in FAMILIES]
+
+
+@contextlib.contextmanager
+def _model_graph_breaks():
+    """Collects the graph breaks `torch.compile` takes inside this package's
+    code (Keras' own, such as `loss.backward()` or its SGD update, are not
+    the models')."""
+    import torch
+
+    found = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if (
+                "Graph break in user code" in message
+                and "keras_transformers" in message
+            ):
+                found.append(message)
+
+    handler = Handler()
+    logger = logging.getLogger("torch._dynamo")
+    torch._logging.set_logs(graph_breaks=True)
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+        torch._logging.set_logs()
+
+
+@pytest.mark.parametrize("family", _torch_params())
+def test_torch_compile_fit_matches_eager_without_recompiles(family, rng, backend):
+    if backend != "torch":
+        pytest.skip("torch.compile is PyTorch's compiler")
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    with _model_graph_breaks() as breaks:
+        record = _compiled_matches_eager(
+            family, rng, probe=lambda: counters["stats"]["unique_graphs"]
+        )
+    # Every graph is compiled during the first step; later steps reuse them.
+    assert len(set(record.probes)) == 1, record.probes
+    assert not breaks, breaks[0]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_xla_fit_matches_eager(family, rng, backend):
+    if backend != "tensorflow":
+        pytest.skip("XLA through tf.function(jit_compile=True) is TensorFlow's")
+    _compiled_matches_eager(family, rng)
