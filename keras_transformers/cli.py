@@ -159,11 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     from keras_transformers.cli_bert import add_finetune_parser
+    from keras_transformers.cli_resume import add_resume_arguments
     from keras_transformers.cli_seq2seq import add_train_arguments, add_translate_parser
     from keras_transformers.cli_vit import add_train_arguments as add_image_arguments
 
     add_train_arguments(train)
     add_image_arguments(train)
+    add_resume_arguments(train, _positive_int)
     add_finetune_parser(commands, _positive_int, _positive_float)
     add_translate_parser(commands, _positive_int, _positive_float)
 

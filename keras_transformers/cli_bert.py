@@ -108,7 +108,7 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         `args.output`.
     """
     _check_train_args(args, families=("bert",))
-    from keras_transformers import data
+    from keras_transformers import cli_resume, data
     from keras_transformers.models import BertMaskedLM
     from keras_transformers.presets import load_config
     from keras_transformers.training import (
@@ -133,6 +133,7 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         tokenizer = train_wordpiece(lines, vocabulary_size=size)
     except ValueError as error:
         raise CLIError(f"cannot train the tokenizer: {error}") from None
+    tokenizer = cli_resume.backed_up_tokenizer(args, tokenizer)
     stream = [i for row in tokenizer.encode(lines) for i in row] if lines else []
     length = args.sequence_length or min(
         BERT_SEQUENCE_LENGTH, config.max_sequence_length
@@ -184,7 +185,16 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
     )
     with warnings.catch_warnings():  # the masked-LM loss never uses the pooler
         warnings.filterwarnings("ignore", "Gradients do not exist.*pooler")
-        history, seconds = _fit(model, train, validation, args, "masked_accuracy")
+        callbacks = cli_resume.resume_callbacks(args)
+        history, seconds = _fit(
+            model,
+            callbacks[0].resumable(train),
+            validation,
+            args,
+            "masked_accuracy",
+            shuffle=False,  # the dataset shuffles itself, reproducibly
+            callbacks=callbacks,
+        )
     model.tokenizer = BertPreprocessor(tokenizer, sequence_length=length)
     model.save_to_preset(args.output)
     print(

@@ -49,8 +49,9 @@ def accuracy_and_macro_f1(y_true: Any, y_pred: Any, num_classes: int) -> tuple:
     return float(np.mean(y_true == y_pred)), float(np.mean(f1))
 
 
-def _fit(model, x, validation, args, metric, y=None, batch_size=None) -> tuple:
-    """`model.fit`; prints the validation `metric` per epoch."""
+def _fit(model, x, validation, args, metric, y=None, batch_size=None, **kwargs):
+    """`model.fit` (`kwargs`: further `fit` arguments); prints the
+    validation `metric` per epoch. Returns `(history dict, seconds)`."""
     start = time.perf_counter()
     history = model.fit(
         x,
@@ -59,6 +60,7 @@ def _fit(model, x, validation, args, metric, y=None, batch_size=None) -> tuple:
         validation_data=validation,
         epochs=args.epochs,
         verbose=1 if sys.stdout.isatty() else 2,
+        **kwargs,
     ).history
     values = " -> ".join(f"{v:.3f}" for v in history[f"val_{metric}"])
     print(f"Validation {metric.replace('_', ' ')} per epoch: {values}")

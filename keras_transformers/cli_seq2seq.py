@@ -276,6 +276,7 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
     _check_args(args)
     import keras
 
+    from keras_transformers import cli_resume
     from keras_transformers.models import Seq2SeqLM
     from keras_transformers.presets import from_preset, load_config
     from keras_transformers.translation import make_seq2seq_dataset
@@ -298,6 +299,7 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
             tokenizer = train_shared_tokenizer(train_pairs, vocabulary_size=size)
     except ValueError as error:
         raise CLIError(f"cannot train the tokenizer: {error}") from None
+    tokenizer = cli_resume.backed_up_tokenizer(args, tokenizer)
     length = args.sequence_length or min(64, config.max_sequence_length)
     options = dict(max_source_length=length, max_target_length=length, truncate=True)
     train_data = make_seq2seq_dataset(
@@ -335,11 +337,14 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
         f"{args.epochs} epochs x {args.steps_per_epoch} steps of {args.batch_size} "
         f"pairs (at most {length} tokens a side); backend: {keras.config.backend()}."
     )
+    callbacks = cli_resume.resume_callbacks(args)
     fit_start = time.perf_counter()
     history = lm.fit(
-        train_data,
+        callbacks[0].resumable(train_data),
+        shuffle=False,  # the dataset shuffles itself, reproducibly
         validation_data=validation_data,
         epochs=args.epochs,
+        callbacks=callbacks,
         verbose=1 if sys.stdout.isatty() else 2,
     ).history
     fit_seconds = time.perf_counter() - fit_start

@@ -103,6 +103,9 @@ def _check_train_args(
         raise CLIError(
             f"--validation-fraction must be in (0, 0.5), got {args.validation_fraction}."
         )
+    from keras_transformers.cli_resume import check_resume
+
+    check_resume(args)
     return info
 
 
@@ -167,7 +170,7 @@ def train_model(args: argparse.Namespace):
     _check_train_args(args)
     import keras
 
-    from keras_transformers import data
+    from keras_transformers import cli_resume, data
     from keras_transformers.models import CausalLM
     from keras_transformers.presets import from_preset, load_config
     from keras_transformers.training import ThroughputCallback
@@ -184,6 +187,7 @@ def train_model(args: argparse.Namespace):
     try:
         with _quiet_stderr():
             tokenizer = train_bpe([text], vocabulary_size=vocabulary_size)
+            tokenizer = cli_resume.backed_up_tokenizer(args, tokenizer)
             token_ids = tokenizer.encode(text)
     except ValueError as error:
         raise CLIError(f"cannot train the tokenizer: {error}") from None
@@ -235,12 +239,14 @@ def train_model(args: argparse.Namespace):
         f"{validation_data.num_tokens:,} tokens; backend: {keras.config.backend()}."
     )
     throughput = ThroughputCallback(batch_size=args.batch_size, sequence_length=length)
+    callbacks = cli_resume.resume_callbacks(args)
     fit_start = time.perf_counter()
     history = model.fit(
-        train_data,
+        callbacks[0].resumable(train_data),
+        shuffle=False,  # the dataset shuffles itself, reproducibly
         validation_data=validation_data,
         epochs=args.epochs,
-        callbacks=[throughput],
+        callbacks=[throughput, *callbacks],
         verbose=1 if sys.stdout.isatty() else 2,
     ).history
     fit_seconds = time.perf_counter() - fit_start

@@ -162,36 +162,18 @@ def _data(args: argparse.Namespace, channels: int, size: int) -> tuple:
     return x[train], y[train], x[val], y[val], names, source, "validation"
 
 
-class ShuffledBatches(keras.utils.PyDataset):
-    """`(images, labels)` batches in a new random order every epoch; the
-    last incomplete batch is dropped."""
-
-    def __init__(self, x, y, batch_size: int, seed: int = 0) -> None:
-        super().__init__()
-        self.x, self.y, self.batch_size = x, y, batch_size
-        self.rng = np.random.default_rng(seed)
-        self.order = self.rng.permutation(len(x))
-
-    def __len__(self) -> int:
-        return max(len(self.x) // self.batch_size, 1)
-
-    def __getitem__(self, index: int):
-        rows = self.order[index * self.batch_size : (index + 1) * self.batch_size]
-        return self.x[rows], self.y[rows]
-
-    def on_epoch_end(self) -> None:
-        self.order = self.rng.permutation(len(self.x))
-
-
-def _batches(x, y, args: argparse.Namespace) -> tuple:
-    """Training data for `fit`: the arrays, or exactly `--steps-per-epoch`
-    shuffled batches per epoch when that option is given."""
-    if not _given(args, "steps_per_epoch"):
-        return x, y
-    from keras_transformers.cli_bert import RepeatBatches
+def _batches(x, y, args: argparse.Namespace):
+    """Training data for `fit`: the images in a new seeded order every epoch
+    (reproducible, so `--resume` replays it), the last incomplete batch
+    dropped; exactly `--steps-per-epoch` batches per epoch when given."""
+    from keras_transformers.data import ShuffledBatches
 
     batches = ShuffledBatches(x, y, args.batch_size, args.seed)
-    return RepeatBatches(batches, args.steps_per_epoch), None
+    if not _given(args, "steps_per_epoch"):
+        return batches
+    from keras_transformers.cli_bert import RepeatBatches
+
+    return RepeatBatches(batches, args.steps_per_epoch)
 
 
 def train_vit(args: argparse.Namespace, **overrides: Any):
@@ -222,6 +204,7 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
     for name, value in VIT_DEFAULTS.items():
         if not _given(args, name):
             setattr(args, name, value)
+    from keras_transformers import cli_resume
     from keras_transformers import images as image_data
     from keras_transformers.models import ViTClassifier
     from keras_transformers.presets import load_config
@@ -271,13 +254,13 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
         f"{args.epochs} epochs x {steps} steps of {args.batch_size} images"
         f"{', augmented' if args.augment else ''}; backend: {keras.config.backend()}."
     )
-    train_x, train_y = _batches(x, y, args)
+    callbacks = cli_resume.resume_callbacks(args)
     fit_start = time.perf_counter()
     history = net.fit(
-        train_x,
-        train_y,
-        batch_size=None if train_y is None else args.batch_size,
+        callbacks[0].resumable(_batches(x, y, args)),
+        shuffle=False,  # the batches shuffle themselves, reproducibly
         epochs=args.epochs,
+        callbacks=callbacks,
         validation_data=(x_test, y_test),
         verbose=1 if sys.stdout.isatty() else 2,
     ).history

@@ -1,0 +1,127 @@
+"""`keras-transformers train --resume`: a run interrupted at step k and
+resumed ends with the weights of an uninterrupted run (learning-rate
+schedule position, MoE router statistics and data order included)."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformers
+from keras_transformers import cli, cli_resume
+from keras_transformers.cli_bert import pretrain_bert
+from keras_transformers.cli_seq2seq import train_seq2seq
+from keras_transformers.data import default_text
+
+ARGS = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "2"]
+ARGS += ["--sequence-length", "16", "--sample-tokens", "0", "--checkpoint-every", "1"]
+SMALL = dict(num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
+
+
+class Interrupt(keras.callbacks.Callback):
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("interrupted")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text(default_text()[:6_000], encoding="utf-8")
+    return path
+
+
+def _train(argv, job=None, **overrides):
+    args = cli.build_parser().parse_args(argv)
+    if job is None:
+        assert cli.cmd_train(args) == 0
+    else:
+        job(args, **overrides)
+
+
+def _weights(directory):
+    model = keras_transformers.from_preset(str(directory))
+    return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
+
+
+def _check_resume(tmp_path, argv, job=None, **overrides):
+    _train(argv + ["--output", str(tmp_path / "reference")], job, **overrides)
+    output = ["--output", str(tmp_path / "resumed")]
+    real = cli_resume.resume_callbacks
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            cli_resume,
+            "resume_callbacks",
+            lambda args: [*real(args), Interrupt(4)],  # one step into epoch 2
+        )
+        with pytest.raises(RuntimeError, match="interrupted"):
+            _train(argv + output, job, **overrides)
+    metadata = tmp_path / "resumed" / "checkpoint" / "training_metadata.json"
+    assert json.loads(metadata.read_text())["batches_done"] == 1
+    _train(argv + output + ["--resume"], job, **overrides)
+    assert not metadata.parent.exists()  # deleted once training completes
+    expected, resumed = _weights(tmp_path / "reference"), _weights(tmp_path / "resumed")
+    assert expected.keys() == resumed.keys()
+    for path, value in expected.items():
+        np.testing.assert_allclose(resumed[path], value, atol=1e-6, err_msg=path)
+
+
+@pytest.mark.large
+def test_train_resume_mixtral(tmp_path, text_file):
+    """MoE router statistics and the warmup + cosine schedule position."""
+    argv = ["train", "mixtral_tiny", "--data", str(text_file), "--vocabulary-size"]
+    _check_resume(tmp_path, argv + ["300", *ARGS])
+
+
+@pytest.mark.large
+def test_train_resume_bert(tmp_path, text_file, monkeypatch):
+    # WordPiece training is not reproducible (455 or 456 tokens here from
+    # run to run): --resume reuses the backed-up tokenizer; the reference
+    # run must use the same one too.
+    import keras_transformers.preprocessing as preprocessing
+
+    trained = {}
+    real = preprocessing.train_wordpiece
+
+    def train_once(lines, **kwargs):
+        return trained.setdefault("tokenizer", real(lines, **kwargs))
+
+    monkeypatch.setattr(preprocessing, "train_wordpiece", train_once)
+    argv = ["train", "bert_tiny", "--data", str(text_file), *ARGS]
+    _check_resume(tmp_path, argv, pretrain_bert, **SMALL)
+
+
+@pytest.mark.large
+def test_train_resume_transformer(tmp_path):
+    argv = ["train", "transformer_tiny", "--task", "numbers", *ARGS]
+    _check_resume(tmp_path, argv, train_seq2seq, **SMALL)
+
+
+def _error(capsys, argv):
+    assert cli.main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_resume_errors(tmp_path, capsys, text_file):
+    argv = ["train", "gpt2_tiny", "--data", str(text_file), "--output", str(tmp_path)]
+    err = _error(capsys, argv + ["--resume"])
+    assert "no backup in" in err and "Run without --resume" in err
+
+    backup = tmp_path / "checkpoint"
+    backup.mkdir()
+    (backup / "training_metadata.json").write_text('{"epoch": 0, "batches_done": 1}')
+    err = _error(capsys, argv)
+    assert "add --resume" in err and str(backup) in err
+
+    args = cli.build_parser().parse_args(argv + ["--resume", "--batch-size", "8"])
+    (backup / cli_resume.ARGS_FILE).write_text(json.dumps({"batch_size": 4}))
+    with pytest.raises(cli.CLIError, match="--batch-size is 8 but the interrupted"):
+        cli_resume.resume_callbacks(args)
