@@ -246,6 +246,13 @@ def test_wrong_shape_weights_error(tmp_path):
     meta = json.loads((tmp_path / "p" / "config.json").read_text())
     meta["config"]["hidden_dim"] = config.hidden_dim
     (tmp_path / "p" / "config.json").write_text(json.dumps(meta))
+    # metadata.json's record of the save notices the edited config first...
+    with pytest.raises(ValueError, match="changed after the weights were saved"):
+        GPTCausalLM.from_preset(str(tmp_path / "p"))
+    # ...and without the record (older presets) the weights' shapes do.
+    record = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    record.pop("files")
+    (tmp_path / "p" / "metadata.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="different architecture"):
         GPTCausalLM.from_preset(str(tmp_path / "p"))
 
