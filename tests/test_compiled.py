@@ -154,7 +154,11 @@ def _compiled_matches_eager(family, rng, probe=None):
 
 def _torch_params():
     slow = pytest.mark.large
-    return [pytest.param(f, marks=() if f == "gpt2" else slow) for f in FAMILIES]
+    moe = pytest.mark.xfail(
+        reason="sparse MoE adds a graph at each of the first steps under torch.compile"
+    )
+    marks = {"gpt2": (), "mixtral": (slow, moe)}
+    return [pytest.param(f, marks=marks.get(f, slow)) for f in FAMILIES]
 
 
 @contextlib.contextmanager
