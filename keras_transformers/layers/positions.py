@@ -12,7 +12,7 @@ from keras_transformers import backend
 from keras_transformers.layers.serializable import serializable
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inverse_frequencies(head_dim: int, max_wavelength: float):
     """`1 / max_wavelength ** (2i / H)` for i < H/2, repeated for both halves
     of a head: `[H]` float32 (a constant: no ops per call)."""
