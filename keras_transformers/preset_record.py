@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import warnings
 from pathlib import Path
+
+from keras_transformers._json import read_json_object
 
 FILES, TOKENIZER = "files", "tokenizer"
 WEIGHTS_SUFFIXES = (".h5", ".safetensors", ".npz")
@@ -122,15 +123,7 @@ def _read_metadata(path: Path) -> dict:
     """`metadata.json`, or {} where an older save left none."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(
-            f"{path} is not valid JSON ({error}). Restore it, or save the preset again."
-        ) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object. Save the preset again.")
-    return data
+    return read_json_object(path, fix="Restore it, or save the preset again.")
 
 
 def _role(name: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from keras_transformers import _atomic, preset_record
+from keras_transformers._json import read_json_object
 from keras_transformers.config import TransformerConfig
 
 CONFIG_FILE = "config.json"
@@ -57,23 +58,7 @@ def _builtin_files() -> dict[str, Any]:
 
 
 def _read_json(path, what: str) -> dict:
-    try:
-        text = (
-            Path(path).read_text()
-            if not hasattr(path, "read_text")
-            else path.read_text()
-        )
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} not found: {path}.") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{what} {path} is not valid JSON ({error}). Restore it, or save the preset again."
-        ) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} {path} must hold a JSON object.")
-    return data
+    return read_json_object(path, what, "Restore it, or save the preset again.")
 
 
 def _builtin(name: str) -> dict:

@@ -14,11 +14,11 @@ weights both ways; nothing is ever unpickled.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 from keras_transformers._atomic import atomic_directory
+from keras_transformers._json import read_json_object
 from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.convert.deferred import deferred_initialization
@@ -58,14 +58,7 @@ def _read(path: Path):
         raise FileNotFoundError(
             f"{path} has no config.json: not a Hugging Face model directory."
         )
-    try:
-        hf = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(
-            f"{file} is not valid JSON ({error}). Download or write it again."
-        ) from None
-    if not isinstance(hf, dict):
-        raise ValueError(f"{file} must hold a JSON object with `model_type`.")
+    hf = read_json_object(file, fix="Download or write it again.")
     return hf, _converter(hf.get("model_type"))
 
 
