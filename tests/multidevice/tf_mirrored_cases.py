@@ -62,6 +62,7 @@ def test_mirrored_fit_matches_one_device(name):
     # Keras 3.15 reports the loss summed over the replicas (keras-team/keras
     # issue 19891): the trajectory is the one-device one times a constant.
     np.testing.assert_allclose(losses / expected, losses[0] / expected[0], rtol=1e-4)
-    assert np.isclose(losses[0] / expected[0], 1.0) or np.isclose(
-        losses[0] / expected[0], 2.0
-    )
+    # That constant is 1 or 2 (to the float32 reassociation of two replicas'
+    # sums: BERT's masked-LM loss differs from one device's by ~1e-4).
+    scale = losses[0] / expected[0]
+    assert np.isclose(scale, 1.0, rtol=1e-3) or np.isclose(scale, 2.0, rtol=1e-3)
