@@ -6,7 +6,8 @@ import keras
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend import call_layer, moe as moe_backend
+from keras_transformers.backend import call_layer
+from keras_transformers.backend import moe as moe_backend
 from keras_transformers.layers.feed_forward import FeedForward, activation_fn
 from keras_transformers.layers.moe_dispatch import (
     dense_experts,
