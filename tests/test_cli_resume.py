@@ -9,6 +9,7 @@ import json
 import keras
 import numpy as np
 import pytest
+from test_resume import SMALL, Interrupt
 
 import keras_transformers
 from keras_transformers import cli, cli_resume
@@ -18,18 +19,6 @@ from keras_transformers.data import default_text
 
 ARGS = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "2"]
 ARGS += ["--sequence-length", "16", "--sample-tokens", "0", "--checkpoint-every", "1"]
-SMALL = dict(num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
-
-
-class Interrupt(keras.callbacks.Callback):
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at, self.seen = at, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen == self.at:
-            raise RuntimeError("interrupted")
 
 
 @pytest.fixture(scope="module")
