@@ -213,10 +213,10 @@ def _check_config(handle, hf: dict) -> bool:
             f"{handle}: {CONFIG} has no model_type: not a Hugging Face transformers "
             "model or a keras_transformers preset."
         )
-    from keras_transformers.convert import _converter
+    from keras_transformers.registry import converter
 
     try:
-        module = _converter(model_type)
+        module = converter(model_type)
         with warnings.catch_warnings():  # the load itself warns, once
             warnings.simplefilter("ignore")
             if hasattr(module, "preset_data"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_transformers as kt
-from keras_transformers import presets
+from keras_transformers import preset_io
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = kt.list_presets()
@@ -47,7 +47,7 @@ def test_every_family_prefix_has_a_tiny_preset():
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_preset_validates_and_params_match(name):
-    data = presets._builtin(name)
+    data = preset_io.read_builtin(name)
     assert (
         {"family", "config", "metadata"}
         <= set(data)

@@ -11,6 +11,7 @@ from contracts import assert_close, run_fit_test, run_saving_test, to_numpy
 
 import keras_transformers as kt
 from keras_transformers.models import Seq2SeqBackbone, Seq2SeqLM
+from keras_transformers.preset_io import read_builtin
 from keras_transformers.training import MaskedSparseCategoricalCrossentropy
 
 V = 512
@@ -50,7 +51,7 @@ def test_paper_presets_match_table_3(name, paper):
     assert config.tie_embeddings and config.vocabulary_size == 37000
     assert abs(config.num_params() - paper) / paper < 0.05
     assert kt.list_presets("transformer")[name]["params"] == config.num_params()
-    assert "counting" in kt.presets._builtin(name)["metadata"]
+    assert "counting" in read_builtin(name)["metadata"]
 
 
 def test_built_model_matches_closed_form_count():

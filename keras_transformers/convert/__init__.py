@@ -9,7 +9,8 @@ A Hugging Face model directory (`config.json` with `model_type`, plus
 `transformers.AutoModelForCausalLM.from_pretrained("out/")` then loads it.
 
 One small module per `model_type` (see `CONVERTERS`) maps the config and the
-weights both ways; nothing is ever unpickled.
+weights both ways; nothing is ever unpickled. Each registers itself with
+`keras_transformers.registry.register_converter` on its `config_from_hf`.
 """
 
 from __future__ import annotations
@@ -17,38 +18,17 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
 from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.convert.deferred import deferred_initialization
+from keras_transformers.preset_io import instantiate, load_assets, split_task_arguments
 
-# model_type -> converter module.
-CONVERTERS = {
-    gpt2.MODEL_TYPE: gpt2,
-    llama.MODEL_TYPE: llama,
-    bert.MODEL_TYPE: bert,
-    marian.MODEL_TYPE: marian,
-    mixtral.MODEL_TYPE: mixtral,
-    vit.MODEL_TYPE: vit,
-}
-
-
-def _family(module) -> str:
-    return getattr(module, "FAMILY", "gpt")
-
-
-def _converter(model_type):
-    if model_type not in CONVERTERS:
-        families = {}
-        for name, module in CONVERTERS.items():
-            families.setdefault(_family(module), []).append(name)
-        listed = ", ".join(f"{sorted(v)} ({k})" for k, v in families.items())
-        raise ValueError(
-            f"Hugging Face model_type {model_type!r} is not supported. "
-            f"Supported model types: {listed}."
-        )
-    return CONVERTERS[model_type]
+# model_type -> converter module (each registers itself, see
+# `keras_transformers.registry.register_converter`).
+CONVERTERS = registry.converters()
 
 
 def _read(path: Path):
@@ -59,7 +39,7 @@ def _read(path: Path):
             f"{path} has no config.json: not a Hugging Face model directory."
         )
     hf = read_json_object(file, fix="Download or write it again.")
-    return hf, _converter(hf.get("model_type"))
+    return hf, registry.converter(hf.get("model_type"))
 
 
 def _preset_data(hf: dict, module, path: Path) -> dict:
@@ -106,8 +86,6 @@ def _load_tokenizer(path: Path):
     a WordPiece preprocessor for BERT's `vocab.txt`, or byte-level BPE), or
     None (with a warning naming the file and the fix when there is one we
     cannot read)."""
-    from keras_transformers.presets import load_assets
-
     try:
         return load_assets(path)
     except (ValueError, FileNotFoundError, KeyError) as error:
@@ -138,17 +116,12 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
         ValueError: unsupported config, or a missing / misshapen weight.
     """
     from keras_transformers.config import TransformerConfig
-    from keras_transformers.presets import (
-        _instantiate,
-        _resolve_class,
-        cls_task_arguments,
-    )
 
     path = Path(path)
     hf, module = _read(path)
     data = _preset_data(hf, module, path)
-    target, saved = _resolve_class(data, cls)
-    task = {k: overrides.pop(k) for k in cls_task_arguments(target) if k in overrides}
+    target, saved = registry.resolve_class(data, cls)
+    task = split_task_arguments(target, overrides)
     task = {**data.get("task", {}), **task} if target is saved else task
     checkpoint = Checkpoint(path) if load_weights else None
     fields = data["config"]
@@ -158,10 +131,10 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     config = config.replace(**overrides) if overrides else config
     tokenizer = _load_tokenizer(path)
     if checkpoint is None:
-        return _instantiate(target, config, dtype, tokenizer, task)
+        return instantiate(target, config, dtype, tokenizer, task)
     # No random initializers for the weights the checkpoint overwrites.
     with deferred_initialization():
-        model = _instantiate(target, config, dtype, tokenizer, task)
+        model = instantiate(target, config, dtype, tokenizer, task)
         try:
             if hasattr(module, "load_model_weights"):  # task heads too (BERT)
                 module.load_model_weights(model, checkpoint, hf)

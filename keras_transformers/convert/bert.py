@@ -24,6 +24,7 @@ from keras_transformers.convert.common import (
     load_positions,
     special_ids,
 )
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "bert"
 FAMILY = "bert"
@@ -83,6 +84,7 @@ def num_labels(hf: dict) -> int:
     return len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels") or 2)
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF BERT `config.json` dict.
 

@@ -23,6 +23,7 @@ from keras_transformers.convert.common import (
     load_positions,
     special_ids,
 )
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gpt2"
 BASE_ARCHITECTURE = "GPT2Model"
@@ -41,6 +42,7 @@ UNSUPPORTED = {
 }
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF GPT-2 `config.json` dict.
 

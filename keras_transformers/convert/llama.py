@@ -21,6 +21,7 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "llama"
 BASE_ARCHITECTURE = "LlamaModel"
@@ -46,6 +47,7 @@ def _rope(hf: dict) -> tuple[float, float]:
     )
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Llama `config.json` dict.
 

@@ -41,6 +41,7 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "marian"
 FAMILY = "transformer"
@@ -148,6 +149,7 @@ def _check(hf: dict) -> None:
         _fail(f"architectures={names}", f"supported are {sorted(CLASSES)}.")
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Marian `config.json` dict.
 

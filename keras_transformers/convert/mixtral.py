@@ -41,6 +41,7 @@ from keras_transformers.convert.common import (
     check_shape,
     fetch,
 )
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "mixtral"
 FAMILY = "mixtral"
@@ -65,6 +66,7 @@ MOE_LAYOUT = dict(
 )
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Mixtral `config.json` dict.
 

@@ -60,6 +60,7 @@ from keras_transformers.convert.common import (
     write,
 )
 from keras_transformers.layers.patches import resize_grid
+from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "vit"
 FAMILY = "vit"
@@ -143,6 +144,7 @@ def _check(hf: dict) -> None:
         )
 
 
+@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF ViT `config.json` dict.
 

@@ -1,4 +1,9 @@
-"""Model classes of every family (all `keras.Model`s)."""
+"""Model classes of every family (all `keras.Model`s).
+
+Each class registers itself under its family and task (see
+`keras_transformers.registry`), which is how `keras_transformers.from_preset`
+finds the class a preset names.
+"""
 
 from keras_transformers.models.bert import (
     BertBackbone,
@@ -11,32 +16,6 @@ from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
 from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
 from keras_transformers.models.vit import ViTBackbone, ViTClassifier
-
-# family -> (backbone class, default class for `keras_transformers.from_preset`)
-FAMILY_CLASSES = {
-    "gpt": (GPTBackbone, GPTCausalLM),
-    "bert": (BertBackbone, BertMaskedLM),
-    "transformer": (Seq2SeqBackbone, Seq2SeqLM),
-    "mixtral": (MixtralBackbone, MixtralCausalLM),
-    "vit": (ViTBackbone, ViTClassifier),
-}
-CLASSES = {
-    cls.__name__: cls
-    for cls in [
-        GPTBackbone,
-        GPTCausalLM,
-        BertBackbone,
-        BertMaskedLM,
-        BertClassifier,
-        BertTokenClassifier,
-        Seq2SeqBackbone,
-        Seq2SeqLM,
-        MixtralBackbone,
-        MixtralCausalLM,
-        ViTBackbone,
-        ViTClassifier,
-    ]
-}
 
 __all__ = [
     "BertBackbone",

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers import backend, lora
+from keras_transformers import backend, loading, lora, preset_io
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import prepare_train_function
 from keras_transformers.config import TransformerConfig
@@ -311,20 +311,17 @@ class ConfiguredModel(SavesRandomState, keras.Model):
         """Builds this model from a preset name, a saved preset directory, a
         Hugging Face model directory or a hub handle `hf://org/name[@rev]`
         (fetched into the Hugging Face cache first); `overrides` replace
-        config values (e.g. `dropout=0.1`) or set `dtype`, `load_weights=False`."""
-        from keras_transformers import presets
-
-        return presets.load_model(handle, cls=cls, **overrides)
+        config values (e.g. `dropout=0.1`) or set `dtype`, `load_weights=False`
+        (see `keras_transformers.loading.load_model`)."""
+        return loading.load_model(handle, cls=cls, **overrides)
 
     def save_to_preset(self, directory):
         """Writes config.json, model.weights.h5, metadata.json and the
         tokenizer assets (if any) to `directory`; `from_preset(directory)`
         restores everything. A LoRA model is saved merged (a plain preset);
         a quantized model raises: save it before `quantize()`."""
-        from keras_transformers import presets
-
         lora.check_savable(self)
-        presets.save_model(self, directory)
+        preset_io.save_model(self, directory)
 
     # ----------------------------------- LoRA and quantization (see lora.py)
     def enable_lora(self, rank, target=("query", "value"), alpha=None):

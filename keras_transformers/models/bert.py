@@ -15,8 +15,10 @@ from keras_transformers.models.base import (
     unpack_token_inputs,
 )
 from keras_transformers.models.text import TextBackbone
+from keras_transformers.registry import register_model
 
 
+@register_model("backbone")
 @serializable
 class BertBackbone(TextBackbone):
     """Bidirectional encoder (BERT).
@@ -71,6 +73,7 @@ class BertBackbone(TextBackbone):
         return {"sequence_output": x, "pooled_output": pooled}
 
 
+@register_model("masked_lm", default=True)
 @serializable
 class BertMaskedLM(TaskModel):
     """BERT with its masked-LM head (tied to the token embedding).
@@ -144,6 +147,7 @@ class _Classifier(TaskModel):
         return self.classifier(self.dropout(features, training=training))
 
 
+@register_model("classifier")
 @serializable
 class BertClassifier(_Classifier):
     """Sequence classification on the pooled (`[CLS]`) output.
@@ -176,6 +180,7 @@ class BertClassifier(_Classifier):
         return self._head(out["sequence_output"][:, 0, :], training)
 
 
+@register_model("token_classifier")
 @serializable
 class BertTokenClassifier(_Classifier):
     """Per-token classification (tagging). Train with a loss that ignores

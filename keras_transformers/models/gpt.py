@@ -14,8 +14,10 @@ from keras_transformers.models.base import (
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.text import TextBackbone
+from keras_transformers.registry import register_model
 
 
+@register_model("backbone")
 @serializable
 class GPTBackbone(TextBackbone):
     """Decoder-only transformer: embeddings, causal blocks, final norm.
@@ -72,6 +74,7 @@ class GPTBackbone(TextBackbone):
         return tuple((zeros(), zeros()) for _ in range(c.num_layers))
 
 
+@register_model("causal_lm", default=True)
 @serializable
 class GPTCausalLM(CausalLM):
     """GPT-like causal language model: `GPTBackbone` + (tied or untied) LM head.

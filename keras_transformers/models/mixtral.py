@@ -7,8 +7,10 @@ from __future__ import annotations
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone
+from keras_transformers.registry import register_model
 
 
+@register_model("backbone")
 @serializable
 class MixtralBackbone(GPTBackbone):
     """Decoder-only transformer whose feed-forward layers are `SparseMoE`.
@@ -45,6 +47,7 @@ class MixtralBackbone(GPTBackbone):
             )
 
 
+@register_model("causal_lm", default=True)
 @serializable
 class MixtralCausalLM(CausalLM):
     """Mixtral-like causal LM: `MixtralBackbone` + LM head, with `generate()`.

@@ -20,6 +20,7 @@ from keras_transformers.models.base import (
     run_blocks,
 )
 from keras_transformers.models.text import TextBackbone
+from keras_transformers.registry import register_model
 
 INPUT_NAMES = (
     "encoder_token_ids",
@@ -65,6 +66,7 @@ def unpack_seq2seq_inputs(inputs, config, check_values=True):
     return tuple(out)
 
 
+@register_model("backbone")
 @serializable
 class Seq2SeqBackbone(TextBackbone):
     """Encoder-decoder transformer: an encoder stack and a causal decoder
@@ -203,6 +205,7 @@ class Seq2SeqBackbone(TextBackbone):
         return self_cache, cross_cache
 
 
+@register_model("seq2seq_lm", default=True)
 @serializable
 class Seq2SeqLM(TaskModel):
     """Sequence-to-sequence LM: `Seq2SeqBackbone` + the tied output layer.

@@ -21,6 +21,7 @@ from keras_transformers.models.base import (
     run_blocks,
 )
 from keras_transformers.models.inputs import check_finite, check_not_empty
+from keras_transformers.registry import register_model
 
 
 def check_images(images, vision):
@@ -83,8 +84,18 @@ def normalize(images, vision):
     return x
 
 
+class _Resizable:
+    """`with_image_size` as a method of the ViT models."""
+
+    def with_image_size(self, image_size: int):
+        """A copy of this model for `image_size` square images (see the
+        module's `with_image_size`)."""
+        return with_image_size(self, image_size)
+
+
+@register_model("backbone")
 @serializable
-class ViTBackbone(ConfiguredModel):
+class ViTBackbone(_Resizable, ConfiguredModel):
     """Vision Transformer encoder (ViT).
 
     Images are normalised as the config says (`vision.rescale`, `mean`,
@@ -184,8 +195,9 @@ class ViTBackbone(ConfiguredModel):
         return self.pooler(pooled) if self.pooler is not None else pooled
 
 
+@register_model("classifier", default=True)
 @serializable
-class ViTClassifier(TaskModel):
+class ViTClassifier(_Resizable, TaskModel):
     """Image classification with a ViT backbone.
 
     Args:
