@@ -42,7 +42,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_transformers import data  # noqa: E402
-from keras_transformers.cli_bert import (  # noqa: E402
+from keras_transformers.cli.classify import (  # noqa: E402
     accuracy_and_macro_f1,
     wordpiece_preprocessor,
 )

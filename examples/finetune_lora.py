@@ -25,7 +25,7 @@ the accuracy of the most likely of the three answers (restricted), the
 accuracy of the greedy next token (the model must itself say the right
 word), and a few greedy generations. With `--output DIR` the adapter is
 saved there (`adapter.lora.npz`, ~7 MB; `lora.json` names the base) and
-`keras_transformers.cli_lora.load_finetuned(DIR)` rebuilds the model. The
+`keras_transformers.cli.lora.load_finetuned(DIR)` rebuilds the model. The
 defaults take about eight minutes on two CPU cores.
 """
 
@@ -42,7 +42,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_transformers import data, from_preset  # noqa: E402
-from keras_transformers.cli_lora import (  # noqa: E402
+from keras_transformers.cli.lora import (  # noqa: E402
     answer_losses,
     pair_arrays,
     save_adapter,

@@ -24,7 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_transformers import data  # noqa: E402
-from keras_transformers.cli_bert import RepeatBatches, pack_windows  # noqa: E402
+from keras_transformers.cli.bert import RepeatBatches, pack_windows  # noqa: E402
 from keras_transformers.models import BertMaskedLM  # noqa: E402
 from keras_transformers.preprocessing import (  # noqa: E402
     BertPreprocessor,

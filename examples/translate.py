@@ -27,7 +27,7 @@ import keras  # noqa: E402
 
 import keras_transformers  # noqa: E402
 from keras_transformers import translation  # noqa: E402
-from keras_transformers.cli_seq2seq import bleu, translate  # noqa: E402
+from keras_transformers.cli.seq2seq import bleu, translate  # noqa: E402
 from keras_transformers.models import Seq2SeqLM  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
     CheckpointAveraging,

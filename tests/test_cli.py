@@ -18,6 +18,7 @@ from keras import ops
 
 import keras_transformers
 from keras_transformers import cli
+from keras_transformers.cli import causal_lm, train
 from keras_transformers.data import (
     default_text,
     kjv_text,
@@ -54,7 +55,7 @@ def trained(tmp_path_factory, text_file):
     """Runs `train` once through `main`; keeps the model, directory and stdout."""
     output = tmp_path_factory.mktemp("runs") / "tiny"
     models = []
-    real_train = cli.train_model
+    real_train = causal_lm.train_model
 
     def recording_train(args):
         models.append(real_train(args))
@@ -63,7 +64,7 @@ def trained(tmp_path_factory, text_file):
     argv = ["train", "gpt2_tiny", "--data", str(text_file), "--output", str(output)]
     stdout = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
-        patch.setattr(cli, "train_model", recording_train)
+        patch.setattr(causal_lm, "train_model", recording_train)
         status = cli.main(argv + TRAIN_ARGS)
     assert status == 0
     return models[0], output, stdout.getvalue()
@@ -106,6 +107,49 @@ def test_console_command_presets():
     )
     assert result.returncode == 0, result.stderr
     assert "124.4M" in result.stdout and "gpt2_small" in result.stdout
+
+
+# -- the parser -------------------------------------------------------------
+
+HEAVY_MODULES = ("keras", "tensorflow", "jax", "torch", "keras_hub")
+
+# Runs every `--help` of the command, then prints the heavy modules imported.
+HELP_SCRIPT = """
+import contextlib, io, sys
+from keras_transformers.cli import COMMANDS, build_parser
+for argv in ([], *([name] for name in COMMANDS)):
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args([*argv, "--help"])
+    except SystemExit as exit:
+        assert exit.code == 0, argv
+print(sorted(m for m in %r if m in sys.modules))
+"""
+
+
+def test_help_imports_no_framework():
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_SCRIPT % (HEAVY_MODULES,)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_translation_tasks_match_the_data_module():
+    from keras_transformers.data.parallel import TASKS
+
+    assert train.TRANSLATION_TASKS == TASKS
+
+
+def test_deprecated_module_path_still_works():
+    with pytest.warns(DeprecationWarning, match="keras_transformers.cli.lora"):
+        from keras_transformers.cli_lora import load_finetuned
+    from keras_transformers.cli.lora import load_finetuned as new
+
+    assert load_finetuned is new
 
 
 # -- train ------------------------------------------------------------------

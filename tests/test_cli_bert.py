@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import keras_transformers
-from keras_transformers import cli, cli_bert
+from keras_transformers import cli
+from keras_transformers.cli import bert, classify
 from keras_transformers.data import default_text, sentiment_tweets
 
 SMALL = {"num_layers": 1, "intermediate_dim": 128}
@@ -66,7 +67,7 @@ def csv_file(tmp_path_factory):
 def pretrained(tmp_path_factory, text_file):
     output = tmp_path_factory.mktemp("runs") / "bert"
     argv = ["train", "bert_tiny", "--data", str(text_file), "--output", str(output)]
-    model, out = _run(cli_bert.pretrain_bert, argv + TRAIN_ARGS)
+    model, out = _run(bert.pretrain_bert, argv + TRAIN_ARGS)
     return model, output, out
 
 
@@ -75,7 +76,7 @@ def finetuned(tmp_path_factory, pretrained, csv_file):
     output = tmp_path_factory.mktemp("runs") / "classifier"
     argv = ["finetune", str(pretrained[1]), "--data", str(csv_file)]
     argv += ["--output", str(output), "--epochs", "1", "--sequence-length", "16"]
-    model, out = _run(cli_bert.finetune_classifier, argv)
+    model, out = _run(classify.finetune_classifier, argv)
     return model, output, out
 
 
@@ -101,7 +102,7 @@ def test_train_bert_saves_preset_with_preprocessor(pretrained):
 def test_finetune_string_labels_reloads_and_predicts(finetuned):
     model, output, out = finetuned
     assert "Validation accuracy per epoch" in out and "majority class" in out
-    names = json.loads((output / cli_bert.LABELS_FILE).read_text())["labels"]
+    names = json.loads((output / classify.LABELS_FILE).read_text())["labels"]
     assert names == sorted(LABELS)
     restored = keras_transformers.from_preset(str(output))
     assert type(restored).__name__ == "BertClassifier"
@@ -141,7 +142,7 @@ def test_finetune_from_hugging_face_directory(tmp_path, bert_hf_dir, csv_file):
     args = cli.build_parser().parse_args(argv)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        model = cli_bert.finetune_classifier(args)
+        model = classify.finetune_classifier(args)
     assert "Validation accuracy per epoch" in stdout.getvalue()
     vocabulary = (bert_hf_dir / "vocab.txt").read_text().split("\n")[:-1]
     assert model.tokenizer.tokenizer.vocabulary == vocabulary  # the checkpoint's own
@@ -156,7 +157,7 @@ def test_finetune_from_hugging_face_directory(tmp_path, bert_hf_dir, csv_file):
 
 
 def test_accuracy_and_macro_f1():
-    accuracy, f1 = cli_bert.accuracy_and_macro_f1([0, 0, 1, 2], [0, 0, 0, 0], 3)
+    accuracy, f1 = classify.accuracy_and_macro_f1([0, 0, 1, 2], [0, 0, 0, 0], 3)
     assert accuracy == 0.5
     assert f1 == pytest.approx((2 * 2 / 6) / 3)
 

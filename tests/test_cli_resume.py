@@ -12,9 +12,10 @@ import pytest
 from test_resume import SMALL, Interrupt
 
 import keras_transformers
-from keras_transformers import cli, cli_resume
-from keras_transformers.cli_bert import pretrain_bert
-from keras_transformers.cli_seq2seq import train_seq2seq
+from keras_transformers import cli
+from keras_transformers.cli import resume, train
+from keras_transformers.cli.bert import pretrain_bert
+from keras_transformers.cli.seq2seq import train_seq2seq
 from keras_transformers.data import default_text
 
 ARGS = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "2"]
@@ -31,7 +32,7 @@ def text_file(tmp_path_factory):
 def _train(argv, job=None, **overrides):
     args = cli.build_parser().parse_args(argv)
     if job is None:
-        assert cli.cmd_train(args) == 0
+        assert train.run(args) == 0
     else:
         job(args, **overrides)
 
@@ -44,10 +45,10 @@ def _weights(directory):
 def _check_resume(tmp_path, argv, job=None, **overrides):
     _train(argv + ["--output", str(tmp_path / "reference")], job, **overrides)
     output = ["--output", str(tmp_path / "resumed")]
-    real = cli_resume.resume_callbacks
+    real = resume.resume_callbacks
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            cli_resume,
+            resume,
             "resume_callbacks",
             lambda args: [*real(args), Interrupt(4)],  # one step into epoch 2
         )
@@ -111,6 +112,6 @@ def test_resume_errors(tmp_path, capsys, text_file):
     assert "add --resume" in err and str(backup) in err
 
     args = cli.build_parser().parse_args(argv + ["--resume", "--batch-size", "8"])
-    (backup / cli_resume.ARGS_FILE).write_text(json.dumps({"batch_size": 4}))
+    (backup / resume.ARGS_FILE).write_text(json.dumps({"batch_size": 4}))
     with pytest.raises(cli.CLIError, match="--batch-size is 8 but the interrupted"):
-        cli_resume.resume_callbacks(args)
+        resume.resume_callbacks(args)

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import keras_transformers
-from keras_transformers import cli, cli_vit, images
+from keras_transformers import cli, images
+from keras_transformers.cli import train, vit
+from keras_transformers.cli._common import given
 
 SMALL = {"num_layers": 1}
 TRAIN_ARGS = ["--epochs", "1", "--batch-size", "8", "--no-augment"]
@@ -25,7 +27,7 @@ def _run(argv, **overrides):
     args = cli.build_parser().parse_args(argv)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        model = cli_vit.train_vit(args, **overrides)
+        model = vit.train_vit(args, **overrides)
     return model, stdout.getvalue()
 
 
@@ -79,9 +81,7 @@ def test_train_on_idx_file_saves_a_classifier(trained_idx, idx_file):
     assert (
         "Validation accuracy per epoch" in out and "Final: validation accuracy" in out
     )
-    assert json.loads((output / cli_vit.LABELS_FILE).read_text()) == {
-        "labels": ["0", "1"]
-    }
+    assert json.loads((output / vit.LABELS_FILE).read_text()) == {"labels": ["0", "1"]}
     restored = keras_transformers.from_preset(str(output))
     assert type(restored).__name__ == "ViTClassifier"
     assert restored.num_classes == 2 and restored.config.num_layers == 1
@@ -100,7 +100,7 @@ def test_train_on_image_folder_with_test_images(tmp_path, image_folder, idx_file
     assert "24 training and 24 test images of 28x28x1, 2 classes" in out
     assert "1 epochs x 2 steps of 8 images" in out
     assert "Final: test accuracy" in out
-    labels = json.loads((output / cli_vit.LABELS_FILE).read_text())["labels"]
+    labels = json.loads((output / vit.LABELS_FILE).read_text())["labels"]
     assert labels == ["bright", "dark"]
     restored = keras_transformers.from_preset(str(output))
     x, y, _ = images.load_image_folder(image_folder, image_size=28, num_channels=1)
@@ -111,10 +111,10 @@ def test_train_on_image_folder_with_test_images(tmp_path, image_folder, idx_file
 def test_vit_defaults_apply_unless_given():
     parser = cli.build_parser()
     args = parser.parse_args(["train", "vit_tiny_28"])
-    assert not cli_vit._given(args, "epochs") and args.epochs == 6  # text default
+    assert not given(args, "epochs") and args.epochs == 6  # text default
     args = parser.parse_args(["train", "vit_tiny_28", "--epochs", "6"])
-    assert cli_vit._given(args, "epochs")
-    assert cli.cmd_train.__doc__ and "train_vit" in cli.cmd_train.__doc__
+    assert given(args, "epochs")
+    assert train.run.__doc__ and "train_vit" in train.run.__doc__
 
 
 def test_image_size_option_and_errors(capsys, tmp_path, idx_file):
@@ -155,5 +155,5 @@ def test_train_on_fashion_mnist_subset(tmp_path):
     argv = ["train", "vit_tiny_28", "--images", str(path), "--max-images", "256"]
     model, out = _run(argv + ["--output", str(tmp_path)] + TRAIN_ARGS, **SMALL)
     assert "243 training and 13 validation images of 28x28x1, 10 classes" in out
-    labels = json.loads((tmp_path / cli_vit.LABELS_FILE).read_text())["labels"]
+    labels = json.loads((tmp_path / vit.LABELS_FILE).read_text())["labels"]
     assert labels[0] == "T-shirt/top" and len(labels) == 10

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import keras_transformers
-from keras_transformers import cli, cli_lora
+from keras_transformers import cli
+from keras_transformers.cli import lora
 from keras_transformers.data import default_text
 
 transformers = pytest.importorskip("transformers")
@@ -36,7 +37,7 @@ def _run(argv):
     args = cli.build_parser().parse_args(argv)
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        model = cli_lora.finetune_causal_lm(args)
+        model = lora.finetune_causal_lm(args)
     return model, stdout.getvalue()
 
 
@@ -115,11 +116,11 @@ def test_causal_lm_lora_loss_falls_and_only_adapters_train(tuned, llama_dir):
 
 def test_causal_lm_adapter_and_merged_preset_reload(tuned, llama_dir):
     model, output, _ = tuned
-    info = json.loads((output / cli_lora.LORA_FILE).read_text())
+    info = json.loads((output / lora.LORA_FILE).read_text())
     assert info["base"] == str(llama_dir) and info["rank"] == 4
     assert info["target"] == ["query", "value"]
     expected = _logits(model, IDS)
-    reloaded = cli_lora.load_finetuned(output)
+    reloaded = lora.load_finetuned(output)
     np.testing.assert_allclose(_logits(reloaded, IDS), expected, atol=1e-5)
     merged = keras_transformers.from_preset(output)  # --merge: a plain preset
     assert getattr(merged, "_lora_state", None) is None
@@ -169,12 +170,12 @@ def test_hub_handles_plain_text_and_classify(tmp_path, monkeypatch, llama_dir):
     argv += ["--epochs", "1", "--batch-size", "64"]  # one batch: one compilation
     model, out = _run(argv + ["--output", str(out_dir)])
     assert "loss on every token" in out and "Final: validation loss" in out
-    assert (out_dir / cli_lora.ADAPTER_FILE).is_file()
+    assert (out_dir / lora.ADAPTER_FILE).is_file()
     assert not (out_dir / "config.json").exists()  # adapter only
-    assert json.loads((out_dir / cli_lora.LORA_FILE).read_text())["base"] == (
+    assert json.loads((out_dir / lora.LORA_FILE).read_text())["base"] == (
         "hf://org/llama"
     )
-    reloaded = cli_lora.load_finetuned(out_dir)  # the base comes from the cache
+    reloaded = lora.load_finetuned(out_dir)  # the base comes from the cache
     np.testing.assert_allclose(_logits(reloaded, IDS), _logits(model, IDS), atol=1e-5)
 
     data = tmp_path / "labelled.csv"
@@ -190,10 +191,10 @@ def test_encode_pairs_truncates_the_prompt_start():
         def encode(self, text):
             return [ord(c) for c in text]
 
-    rows, starts = cli_lora.encode_pairs(Chars(), ["abcdef"], ["XY"], 5, end_id=0)
+    rows, starts = lora.encode_pairs(Chars(), ["abcdef"], ["XY"], 5, end_id=0)
     assert rows == [[ord(c) for c in "def"] + [ord("X"), ord("Y"), 0]]
     assert starts == [3]
-    x, y, w = cli_lora.pair_arrays(rows, starts, 5, pad_id=1)
+    x, y, w = lora.pair_arrays(rows, starts, 5, pad_id=1)
     assert x["token_ids"].tolist() == [[100, 101, 102, 88, 89]]
     assert y.tolist() == [[101, 102, 88, 89, 0]]
     assert w.tolist() == [[0, 0, 1, 1, 1]]  # X, Y and the end token
@@ -233,7 +234,7 @@ def test_causal_lm_errors(capsys, tmp_path, llama_dir):
 
 
 def test_is_builtin_handles():
-    from keras_transformers.cli_classify import is_builtin
+    from keras_transformers.cli.classify import is_builtin
 
     assert is_builtin("bert_tiny")
     assert not is_builtin("hf://sentence-transformers/all-MiniLM-L6-v2")
@@ -301,4 +302,4 @@ def test_example_finetune_lora_smollm2(smollm2_dir, tmp_path):
         str(tmp_path),
     )
     assert "Before: held-out answer loss" in out and "After:" in out
-    assert "| after |" in out and (tmp_path / cli_lora.ADAPTER_FILE).is_file()
+    assert "| after |" in out and (tmp_path / lora.ADAPTER_FILE).is_file()

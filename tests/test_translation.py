@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from keras_transformers import cli, cli_seq2seq, translation
+from keras_transformers import cli, translation
+from keras_transformers.cli import seq2seq
 from keras_transformers.translation import (
     VersePair,
     clean_verse,
@@ -344,9 +345,9 @@ class _EchoLM:
 def test_translate_keeps_order_and_cuts_at_eos(tokenizer):
     texts = ["nine hundred", "one", "seventy-seven thousand two", "", "six"]
     lm = _EchoLM(tokenizer)
-    assert cli_seq2seq.translate(lm, texts, batch_size=2) == texts
+    assert seq2seq.translate(lm, texts, batch_size=2) == texts
     assert lm.batches == [2, 2, 1]
-    assert cli_seq2seq.translate(lm, []) == []
+    assert seq2seq.translate(lm, []) == []
 
 
 def test_bleu_with_and_without_sacrebleu(monkeypatch):
@@ -354,12 +355,12 @@ def test_bleu_with_and_without_sacrebleu(monkeypatch):
         ["The cat sat on the mat."],
         ["The cat sat on the red mat."],
     )
-    score = cli_seq2seq.bleu(hypotheses, references)
-    assert round(score, 1) == 61.3 and cli_seq2seq.bleu(
+    score = seq2seq.bleu(hypotheses, references)
+    assert round(score, 1) == 61.3 and seq2seq.bleu(
         references, references
     ) == pytest.approx(100)
     monkeypatch.setitem(sys.modules, "sacrebleu", None)  # as if not installed
-    assert cli_seq2seq.bleu(hypotheses, references) == pytest.approx(score)
+    assert seq2seq.bleu(hypotheses, references) == pytest.approx(score)
 
 
 # -- the command ------------------------------------------------------------
@@ -379,9 +380,9 @@ def test_cli_train_then_translate(trained, capsys):
 def test_cli_task_needs_no_files(tmp_path):
     argv = ["train", "transformer_tiny", "--task", "numbers", "--output", str(tmp_path)]
     args = cli.build_parser().parse_args(argv + TRAIN_ARGS)
-    assert cli_seq2seq.wants_seq2seq(args, "transformer")
-    cli_seq2seq._check_args(args)
-    train, validation, source = cli_seq2seq.load_pairs(args)
+    assert seq2seq.wants_seq2seq(args, "transformer")
+    seq2seq._check_args(args)
+    train, validation, source = seq2seq.load_pairs(args)
     assert len(train) == 1 * 2 * 4 and len(validation) == 256 and "numbers" in source
     assert train == task_pairs("numbers", 8, seed=0)
 

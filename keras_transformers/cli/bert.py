@@ -1,13 +1,10 @@
-"""The BERT jobs of the `keras-transformers` command.
+"""The masked-LM job of `keras-transformers train BERT_PRESET`: a WordPiece
+vocabulary and masked-LM pretraining (dynamic masking) on a text file, saved
+as a `BertMaskedLM` preset.
 
-* `train BERT_PRESET`: a WordPiece vocabulary and masked-LM pretraining
-  (dynamic masking) on a text file, saved as a `BertMaskedLM` preset.
-* `finetune HANDLE --task classify`: a `BertClassifier` on a CSV of texts
-  and labels (`cli_classify`, re-exported here); `--task causal-lm` (LoRA
-  on a decoder) is in `cli_lora`.
-
-`cli.py` parses the arguments; the helpers of the causal-LM `train` job
-(`cli_train`) are reused.
+`finetune HANDLE --task classify` (a `BertClassifier` on a CSV of texts and
+labels) is `cli.classify`. `cli.train` parses the arguments;
+`cli._training` has the helpers shared with the other training jobs.
 """
 
 from __future__ import annotations
@@ -20,21 +17,17 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_transformers.cli_classify import (  # noqa: F401 (the finetune job)
-    DEFAULT_VOCABULARY_SIZE,
-    LABELS_FILE,
-    _fit,
-    accuracy_and_macro_f1,
-    add_finetune_parser,
-    finetune_classifier,
-    wordpiece_preprocessor,
-)
-from keras_transformers.cli_train import (
+from keras_transformers.cli import resume
+from keras_transformers.cli._common import (
+    WORDPIECE_VOCABULARY_SIZE,
     CLIError,
-    _check_train_args,
-    _load_text,
-    _optimizer,
-    _quiet_stderr,
+    quiet_stderr,
+)
+from keras_transformers.cli._training import (
+    check_train_args,
+    fit,
+    load_text,
+    optimizer,
 )
 
 BERT_SEQUENCE_LENGTH = 128
@@ -107,8 +100,8 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         The trained `BertMaskedLM`, its preprocessor attached, saved to
         `args.output`.
     """
-    _check_train_args(args, families=("bert",))
-    from keras_transformers import cli_resume, data
+    check_train_args(args, families=("bert",))
+    from keras_transformers import data
     from keras_transformers.models import BertMaskedLM
     from keras_transformers.presets import load_config
     from keras_transformers.training import (
@@ -116,7 +109,7 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         MaskedSparseCategoricalCrossentropy,
     )
 
-    with _quiet_stderr():
+    with quiet_stderr():
         from keras_transformers.preprocessing import (
             BertPreprocessor,
             MaskedLMDataset,
@@ -125,15 +118,17 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         )
     start = time.perf_counter()
     config = load_config(args.preset, **overrides)
-    text, source = _load_text(args)
+    text, source = load_text(args)
     lines = [line for line in text.splitlines() if line.strip()]
     print(f"Data: {source}, {len(text):,} characters, {len(lines):,} lines.")
-    size = args.vocabulary_size or min(config.vocabulary_size, DEFAULT_VOCABULARY_SIZE)
+    size = args.vocabulary_size or min(
+        config.vocabulary_size, WORDPIECE_VOCABULARY_SIZE
+    )
     try:
         tokenizer = train_wordpiece(lines, vocabulary_size=size)
     except ValueError as error:
         raise CLIError(f"cannot train the tokenizer: {error}") from None
-    tokenizer = cli_resume.backed_up_tokenizer(args, tokenizer)
+    tokenizer = resume.backed_up_tokenizer(args, tokenizer)
     stream = [i for row in tokenizer.encode(lines) for i in row] if lines else []
     length = args.sequence_length or min(
         BERT_SEQUENCE_LENGTH, config.max_sequence_length
@@ -174,7 +169,7 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
         **overrides,
     )
     model.compile(
-        optimizer=_optimizer(args, args.epochs * args.steps_per_epoch),
+        optimizer=optimizer(args, args.epochs * args.steps_per_epoch),
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[MaskedAccuracy(name="masked_accuracy")],
     )
@@ -185,8 +180,8 @@ def pretrain_bert(args: argparse.Namespace, **overrides: Any):
     )
     with warnings.catch_warnings():  # the masked-LM loss never uses the pooler
         warnings.filterwarnings("ignore", "Gradients do not exist.*pooler")
-        callbacks = cli_resume.resume_callbacks(args)
-        history, seconds = _fit(
+        callbacks = resume.resume_callbacks(args)
+        history, seconds = fit(
             model,
             callbacks[0].resumable(train),
             validation,

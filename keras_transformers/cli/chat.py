@@ -4,7 +4,7 @@ model, the reply streamed to stdout token by token.
 Each line read from stdin is a user message; `/reset` starts the
 conversation again (keeping `--system`), `/exit` or the end of input stops.
 HANDLE is a saved preset directory, a Hugging Face model directory or
-`hf://org/name` (also used by `keras-transformers generate`).
+`hf://org/name`, as for `keras-transformers generate`.
 """
 
 from __future__ import annotations
@@ -13,50 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from keras_transformers.cli_train import PROG, CLIError, _quiet_stderr
-
-HANDLE_HELP = (
-    "a saved preset directory, a Hugging Face model directory or hf://org/name"
+from keras_transformers.cli._common import (
+    PROG,
+    CLIError,
+    positive_float,
+    positive_int,
 )
+from keras_transformers.cli.generate import HANDLE_HELP, load_for_generation
 
 
-def load_for_generation(handle: str):
-    """The model of `handle`, which must generate text and have a tokenizer.
-
-    Raises:
-        CLIError: a missing directory, a directory without a model, a load
-            error, a model that cannot generate, or no tokenizer.
-    """
-    from keras_transformers.presets import CONFIG_FILE, from_preset
-
-    if not handle.startswith("hf://"):
-        path = Path(handle)
-        if not path.is_dir():
-            raise CLIError(
-                f"{handle} is not a directory. Pass {HANDLE_HELP}, e.g. a "
-                f"directory written by `{PROG} train`."
-            )
-        if not (path / CONFIG_FILE).is_file():
-            raise CLIError(
-                f"{handle} holds no saved preset ({CONFIG_FILE} is missing). "
-                f"Pass a directory written by `{PROG} train` or `save_to_preset`, "
-                "or a Hugging Face model directory."
-            )
-    try:
-        with _quiet_stderr():
-            model = from_preset(handle)
-    except (ValueError, OSError, ImportError, RuntimeError) as error:
-        raise CLIError(f"cannot load {handle}: {error}") from None
-    if not hasattr(model, "generate"):
-        raise CLIError(
-            f"{handle} holds a {type(model).__name__}, which cannot generate text."
-        )
-    if getattr(model, "tokenizer", None) is None:
-        raise CLIError(f"{handle} has no tokenizer; text generation needs one.")
-    return model
-
-
-def add_sampler_arguments(parser, positive_int, positive_float) -> None:
+def add_sampler_arguments(parser) -> None:
     """--sampler, --temperature, --top-k, --top-p, --seed,
     --repetition-penalty (unset: the checkpoint's generation config)."""
     parser.add_argument(
@@ -75,7 +41,8 @@ def add_sampler_arguments(parser, positive_int, positive_float) -> None:
     )
 
 
-def add_chat_parser(commands, positive_int, positive_float) -> None:
+def add_parser(commands) -> None:
+    """Adds the `chat` sub-command to the `keras-transformers` parser."""
     chat = commands.add_parser(
         "chat",
         help="chat with a model that has a chat template",
@@ -97,17 +64,18 @@ def add_chat_parser(commands, positive_int, positive_float) -> None:
         default=256,
         help="reply tokens at most (default: %(default)s)",
     )
-    add_sampler_arguments(chat, positive_int, positive_float)
+    add_sampler_arguments(chat)
 
 
 def sampler_options(args) -> dict:
+    """The sampling options given, as `model.chat` arguments."""
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         raise CLIError(f"--top-p must be in (0, 1], got {args.top_p}.")
     names = ("sampler", "temperature", "top_k", "top_p", "seed", "repetition_penalty")
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
-def cmd_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
+def run(args: argparse.Namespace, stdin=None, stdout=None) -> int:
     """Runs the interactive loop; returns 0 at `/exit` or end of input."""
     from keras_transformers.generation.chat import _template
 

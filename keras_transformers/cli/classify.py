@@ -4,17 +4,14 @@ A `BertClassifier` on a CSV of texts and labels, saved as a preset with
 `labels.json` beside it. The handle is a bert checkpoint (a Hugging Face
 directory, `hf://org/name` or a saved preset: its weights and its own
 WordPiece vocabulary) or a built-in bert preset (random init and a
-vocabulary learnt from the texts). `cli.py` parses the arguments (the
-parser is `add_finetune_parser`, shared with `--task causal-lm` of
-`cli_lora`).
+vocabulary learnt from the texts). `cli.finetune` parses the arguments
+(`--task causal-lm` is `cli.lora`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,10 +20,14 @@ import keras
 import numpy as np
 
 from keras_transformers._atomic import atomic_directory
-from keras_transformers.cli_train import PROG, CLIError, _optimizer, _quiet_stderr
-
-LABELS_FILE = "labels.json"
-DEFAULT_VOCABULARY_SIZE = 8000  # the presets' 30,522 is for huge corpora
+from keras_transformers.cli._common import (
+    FINETUNE_DEFAULTS,
+    LABELS_FILE,
+    PROG,
+    CLIError,
+    quiet_stderr,
+)
+from keras_transformers.cli._training import fit, optimizer
 
 
 def accuracy_and_macro_f1(y_true: Any, y_pred: Any, num_classes: int) -> tuple:
@@ -47,79 +48,6 @@ def accuracy_and_macro_f1(y_true: Any, y_pred: Any, num_classes: int) -> tuple:
         denominator = np.sum(y_pred == c) + np.sum(y_true == c)
         f1.append(2 * tp / denominator if denominator else 0.0)
     return float(np.mean(y_true == y_pred)), float(np.mean(f1))
-
-
-def _fit(model, x, validation, args, metric, y=None, batch_size=None, **kwargs):
-    """`model.fit` (`kwargs`: further `fit` arguments); prints the
-    validation `metric` per epoch. Returns `(history dict, seconds)`."""
-    start = time.perf_counter()
-    history = model.fit(
-        x,
-        y,
-        batch_size=batch_size,
-        validation_data=validation,
-        epochs=args.epochs,
-        verbose=1 if sys.stdout.isatty() else 2,
-        **kwargs,
-    ).history
-    values = " -> ".join(f"{v:.3f}" for v in history[f"val_{metric}"])
-    print(f"Validation {metric.replace('_', ' ')} per epoch: {values}")
-    return history, time.perf_counter() - start
-
-
-CLASSIFY_DEFAULTS = dict(
-    epochs=3, batch_size=32, sequence_length=64, learning_rate=5e-4
-)
-
-
-def add_finetune_parser(commands, positive_int, positive_float) -> None:
-    """Adds the `finetune` sub-command to the `keras-transformers` parser."""
-    from keras_transformers.cli_lora import DEFAULTS, add_causal_lm_arguments
-
-    def defaults(key):
-        return f"default: {CLASSIFY_DEFAULTS[key]:g} (classify), {DEFAULTS[key]:g} (causal-lm)"
-
-    p = commands.add_parser(
-        "finetune",
-        help="fine-tune a checkpoint: a bert text classifier, or LoRA on a decoder",
-        description=(
-            "--task classify: fine-tunes a BertClassifier on the texts and labels of "
-            "a CSV file (labels may be strings), reports validation accuracy and "
-            "macro-F1, and saves the preset with the label names in "
-            f"{LABELS_FILE}. --task causal-lm: LoRA fine-tuning of a decoder "
-            "checkpoint on prompt/completion pairs (CSV) or plain text, reports "
-            "the validation loss before and after, and saves the adapter."
-        ),
-    )
-    p.add_argument(
-        "preset",
-        help="a Hugging Face directory, hf://org/name, a saved preset directory, "
-        "or (classify) a bert preset name to train from scratch",
-    )
-    p.add_argument("--task", choices=("classify", "causal-lm"), default="classify")
-    p.add_argument(
-        "--data", required=True, help="CSV file with a header row (causal-lm: or text)"
-    )
-    p.add_argument("--text-column", default="text", help="default: %(default)s")
-    p.add_argument("--label-column", default="label", help="default: %(default)s")
-    p.add_argument("--output", help="default: runs/finetune")
-    p.add_argument("--epochs", type=positive_int, help=defaults("epochs"))
-    p.add_argument("--batch-size", type=positive_int, help=defaults("batch_size"))
-    p.add_argument(
-        "--sequence-length", type=positive_int, help=defaults("sequence_length")
-    )
-    p.add_argument(
-        "--learning-rate", type=positive_float, help=defaults("learning_rate")
-    )
-    p.add_argument("--validation-fraction", type=float, default=0.1)
-    p.add_argument(
-        "--vocabulary-size",
-        type=positive_int,
-        default=DEFAULT_VOCABULARY_SIZE,
-        help="WordPiece size when the preset has no vocabulary (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    add_causal_lm_arguments(p)
 
 
 def read_labelled_csv(path: str, text_column: str, label_column: str) -> tuple:
@@ -226,7 +154,7 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
         The fine-tuned `BertClassifier` (preprocessor attached), saved to
         `args.output` with `labels.json` (the label names, index = class id).
     """
-    for key, value in CLASSIFY_DEFAULTS.items():
+    for key, value in FINETUNE_DEFAULTS["classify"].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     texts, labels = read_labelled_csv(args.data, args.text_column, args.label_column)
@@ -240,7 +168,7 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
     output = Path(args.output or "runs/finetune")
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {output} exists and is not a directory.")
-    with _quiet_stderr():
+    with quiet_stderr():
         from keras_transformers.preprocessing import BertPreprocessor, train_wordpiece
     names = _label_names(labels)
     y = np.array([names.index(label) for label in labels], "int32")
@@ -273,7 +201,7 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
     x_val = {k: v[val] for k, v in x.items()}
     steps = args.epochs * -(-len(train) // args.batch_size)
     model.compile(
-        optimizer=_optimizer(args, steps),
+        optimizer=optimizer(args, steps),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -282,7 +210,7 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
         f"parameters; {args.epochs} epochs of {len(train):,} texts x {length} "
         f"tokens; backend: {keras.config.backend()}."
     )
-    _fit(model, x_train, (x_val, y[val]), args, "accuracy", y[train], args.batch_size)
+    fit(model, x_train, (x_val, y[val]), args, "accuracy", y[train], args.batch_size)
     predicted = np.argmax(model.predict(x_val, batch_size=256, verbose=0), axis=-1)
     accuracy, f1 = accuracy_and_macro_f1(y[val], predicted, len(names))
     majority = np.bincount(y[train], minlength=len(names)).argmax()

@@ -30,11 +30,11 @@ import keras
 import numpy as np
 
 from keras_transformers._atomic import atomic_directory
-from keras_transformers.cli_train import PROG, CLIError, _optimizer, _quiet_stderr
+from keras_transformers.cli._common import FINETUNE_DEFAULTS, CLIError, quiet_stderr
+from keras_transformers.cli._training import optimizer
 
 ADAPTER_FILE = "adapter.lora.npz"
 LORA_FILE = "lora.json"
-DEFAULTS = dict(epochs=1, learning_rate=1e-3, sequence_length=128, batch_size=8)
 
 
 def encode_pairs(tokenizer, prompts, completions, sequence_length: int, end_id=None):
@@ -147,7 +147,7 @@ def _load_decoder(handle: str):
     from keras_transformers.presets import from_preset
 
     try:
-        with _quiet_stderr():
+        with quiet_stderr():
             model = from_preset(handle)
     except (ValueError, FileNotFoundError, OSError) as error:
         raise CLIError(f"cannot load {handle!r}: {error}") from None
@@ -205,7 +205,7 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     """
     from keras_transformers.training import MaskedSparseCategoricalCrossentropy
 
-    for key, value in DEFAULTS.items():
+    for key, value in FINETUNE_DEFAULTS["causal-lm"].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     kind, data, completions = read_pairs(args)
@@ -243,7 +243,7 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
     steps = args.epochs * -(-len(train) // args.batch_size)
     model.compile(
-        optimizer=_optimizer(args, steps),
+        optimizer=optimizer(args, steps),
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
     )
     print(
@@ -308,24 +308,3 @@ def load_finetuned(directory, base=None):
     model.enable_lora(info["rank"], target=tuple(info["target"]), alpha=info["alpha"])
     model.load_lora_weights(directory / ADAPTER_FILE)
     return model
-
-
-def add_causal_lm_arguments(parser) -> None:
-    """The `finetune` options of `--task causal-lm`."""
-    group = parser.add_argument_group("--task causal-lm (LoRA on a decoder)")
-    group.add_argument("--lora-rank", type=int, default=8, help="default: %(default)s")
-    group.add_argument("--lora-alpha", type=float, help="default: the rank")
-    group.add_argument(
-        "--lora-target",
-        default="query,value",
-        help="projections (default: %(default)s)",
-    )
-    group.add_argument("--prompt-column", default="prompt", help="default: %(default)s")
-    group.add_argument(
-        "--completion-column", default="completion", help="default: %(default)s"
-    )
-    group.add_argument(
-        "--merge",
-        action="store_true",
-        help=f"also save the merged model as a preset (loadable by `{PROG} generate`)",
-    )

@@ -11,8 +11,11 @@ and step count, hence the learning-rate schedule's position), dropout
 seeds, MoE router statistics and the position in the data (the same
 batches in the same order), with the tokenizer the interrupted run trained
 (training a tokenizer again need not give the same vocabulary). It ends
-with the weights of an uninterrupted run. The options that shape training must be the same as in the
-interrupted run; `--resume` checks them.
+with the weights of an uninterrupted run. The options that shape training
+must be the same as in the interrupted run; `--resume` checks them.
+
+The `train` parser adds its options from here (`add_resume_arguments`), so
+this module imports nothing heavy at import time.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_transformers.cli_train import CLIError
+from keras_transformers.cli._common import CLIError, positive_int
 
 CHECKPOINT_DIR = "checkpoint"  # inside --output
 ARGS_FILE = "train_args.json"  # the options of the run being backed up
@@ -53,7 +56,7 @@ TRAINING_OPTIONS = (
 )
 
 
-def add_resume_arguments(train: argparse.ArgumentParser, positive_int) -> None:
+def add_resume_arguments(train: argparse.ArgumentParser) -> None:
     """Adds `--checkpoint-dir`, `--checkpoint-every` and `--resume` to the
     `train` subcommand's parser."""
     group = train.add_argument_group(

@@ -10,9 +10,10 @@ decoding / BLEU helpers they share with `examples/translate.py`.
   with `--epochs 10 --steps-per-epoch 100 --batch-size 32`, transformer_tiny
   gets about half of the held-out numbers exactly right in a minute on two
   CPU cores (JAX).
-* `translate DIR --text "..." [--num-beams 4]`: translates with a saved one.
+* `translate DIR --text "..." [--num-beams 4]` translates with a saved one
+  (`cli.translate`, with `translate` below).
 
-`cli.py` parses the arguments; `cli_train` has the shared helpers.
+`cli.train` parses the arguments; `cli._training` has the shared helpers.
 """
 
 from __future__ import annotations
@@ -26,12 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from keras_transformers.cli_train import (
-    PROG,
-    CLIError,
-    _check_train_args,
-    _quiet_stderr,
-)
+from keras_transformers.cli import resume
+from keras_transformers.cli._common import CLIError, quiet_stderr
+from keras_transformers.cli._training import check_train_args
 from keras_transformers.translation import TASKS
 
 SEQ2SEQ_FAMILY = "transformer"
@@ -106,57 +104,6 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
-# ---------------------------------------------------------------------------
-# Argument parsing.
-# ---------------------------------------------------------------------------
-
-
-def add_train_arguments(train: argparse.ArgumentParser) -> None:
-    """Adds the translation options to the `train` subcommand's parser."""
-    group = train.add_argument_group(
-        "translation (transformer presets)",
-        "--sequence-length caps the source and target lengths in tokens "
-        "(default 64; longer lines are cut); --validation-fraction holds out "
-        "the last lines.",
-    )
-    group.add_argument("--source", help="source-language text, one sentence a line")
-    group.add_argument("--target", help="target-language text, line-aligned")
-    group.add_argument(
-        "--task",
-        choices=TASKS,
-        help="train on a generated task instead of files (numbers: English "
-        "number words -> digits)",
-    )
-    group.add_argument(
-        "--warmup-steps",
-        type=int,
-        help="warmup of the inverse-square-root schedule, which peaks at "
-        "--learning-rate (default: a tenth of the steps, at most 4000)",
-    )
-
-
-def add_translate_parser(commands, positive_int, positive_float) -> None:
-    """Adds the `translate` subcommand to the `keras-transformers` parser."""
-    parser = commands.add_parser(
-        "translate",
-        help="translate text with a saved encoder-decoder preset",
-        description="Loads a directory written by `train TRANSFORMER_PRESET` "
-        "(model and tokenizer) and prints one translation per --text.",
-    )
-    parser.add_argument("directory", metavar="DIR", help="a saved preset directory")
-    parser.add_argument(
-        "--text", action="append", required=True, help="source text (repeatable)"
-    )
-    parser.add_argument("--num-beams", type=positive_int, default=1)
-    parser.add_argument(
-        "--length-penalty",
-        type=float,
-        default=0.6,
-        help="alpha of beam search's length normalisation (default: %(default)s)",
-    )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-
-
 def wants_seq2seq(args: argparse.Namespace, family: str | None) -> bool:
     """Whether `train` runs the translation job (a transformer preset, or
     translation options given)."""
@@ -201,7 +148,7 @@ def _check_args(args: argparse.Namespace) -> None:
             raise CLIError(f"{flag} file not found: {path}")
     if args.warmup_steps is not None and args.warmup_steps < 1:
         raise CLIError(f"--warmup-steps must be >= 1, got {args.warmup_steps}.")
-    _check_train_args(args, families=(SEQ2SEQ_FAMILY,))
+    check_train_args(args, families=(SEQ2SEQ_FAMILY,))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -276,12 +223,11 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
     _check_args(args)
     import keras
 
-    from keras_transformers import cli_resume
     from keras_transformers.models import Seq2SeqLM
     from keras_transformers.presets import from_preset, load_config
     from keras_transformers.translation import make_seq2seq_dataset
 
-    with _quiet_stderr():
+    with quiet_stderr():
         from keras_transformers.translation import train_shared_tokenizer
 
     start = time.perf_counter()
@@ -295,11 +241,11 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
     if args.task and not args.vocabulary_size:
         size = TASK_VOCABULARY_SIZE
     try:
-        with _quiet_stderr():
+        with quiet_stderr():
             tokenizer = train_shared_tokenizer(train_pairs, vocabulary_size=size)
     except ValueError as error:
         raise CLIError(f"cannot train the tokenizer: {error}") from None
-    tokenizer = cli_resume.backed_up_tokenizer(args, tokenizer)
+    tokenizer = resume.backed_up_tokenizer(args, tokenizer)
     length = args.sequence_length or min(64, config.max_sequence_length)
     options = dict(max_source_length=length, max_target_length=length, truncate=True)
     train_data = make_seq2seq_dataset(
@@ -337,7 +283,7 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
         f"{args.epochs} epochs x {args.steps_per_epoch} steps of {args.batch_size} "
         f"pairs (at most {length} tokens a side); backend: {keras.config.backend()}."
     )
-    callbacks = cli_resume.resume_callbacks(args)
+    callbacks = resume.resume_callbacks(args)
     fit_start = time.perf_counter()
     history = lm.fit(
         callbacks[0].resumable(train_data),
@@ -380,37 +326,3 @@ def _report(lm, pairs: list, max_new_tokens: int) -> None:
         print(
             f"  {sources[i]!r}\n    -> {hypotheses[i]!r}\n    reference {references[i]!r}"
         )
-
-
-# ---------------------------------------------------------------------------
-# translate
-# ---------------------------------------------------------------------------
-
-
-def cmd_translate(args: argparse.Namespace) -> int:
-    """Translates each `--text` with a saved `Seq2SeqLM` and prints it."""
-    from keras_transformers.cli import _load_for_generation
-    from keras_transformers.models import Seq2SeqLM
-
-    texts = [text.strip() for text in args.text]
-    if not all(texts):
-        raise CLIError("--text is empty: give at least one character.")
-    lm = _load_for_generation(args.directory)
-    if not isinstance(lm, Seq2SeqLM):
-        raise CLIError(
-            f"{args.directory} holds a {type(lm).__name__}; `translate` needs an "
-            f"encoder-decoder model (`{PROG} train transformer_tiny ...`). For "
-            f"decoder-only models use `{PROG} generate`."
-        )
-    options = {"num_beams": args.num_beams}
-    if args.num_beams > 1:
-        options["length_penalty"] = args.length_penalty
-    try:
-        translations = translate(
-            lm, texts, max_new_tokens=args.max_new_tokens, **options
-        )
-    except ValueError as error:
-        raise CLIError(str(error)) from None
-    for translation in translations:
-        print(translation)
-    return 0

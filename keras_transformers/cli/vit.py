@@ -13,7 +13,7 @@ Images are resized to the preset's image size (or `--image-size`); grey
 images feed RGB models by repetition. Accuracy is measured on `--test-images`
 when given, else on a held-out `--validation-fraction` of the images.
 
-`cli.py` parses the arguments; `cli_train` has the shared helpers
+`cli.train` parses the arguments; `cli._training` has the shared helpers
 (argument checks, the AdamW + warmup-cosine optimizer).
 """
 
@@ -30,78 +30,17 @@ import keras
 import numpy as np
 
 from keras_transformers._atomic import atomic_directory
-from keras_transformers.cli_train import PROG, CLIError, _check_train_args, _optimizer
+from keras_transformers.cli import resume
+from keras_transformers.cli._common import (
+    LABELS_FILE,
+    PROG,
+    VIT_DEFAULTS,
+    CLIError,
+    given,
+)
+from keras_transformers.cli._training import check_train_args, optimizer
 
 VIT_FAMILY = "vit"
-LABELS_FILE = "labels.json"  # the same file `finetune` writes
-# Defaults of `train` for vit presets, used unless the option is given: one
-# epoch is one pass over the images. They make a short run: vit_mnist_28 on
-# Fashion-MNIST reached 86.9% test accuracy after 5 epochs, fit 354 s on two
-# CPU cores shared with other jobs (TensorFlow; load ~3.5). The full recipe,
-# 25 epochs: examples/train_vit.py.
-VIT_DEFAULTS = {"epochs": 5, "batch_size": 128, "learning_rate": 1e-3}
-SHARED_OPTIONS = ("epochs", "batch_size", "learning_rate", "steps_per_epoch")
-
-
-class _IntDefault(int):
-    """An int default the user did not give (vit presets replace it)."""
-
-
-class _FloatDefault(float):
-    """A float default the user did not give (vit presets replace it)."""
-
-
-def _given(args: argparse.Namespace, name: str) -> bool:
-    return not isinstance(getattr(args, name), (_IntDefault, _FloatDefault))
-
-
-def add_train_arguments(train: argparse.ArgumentParser) -> None:
-    """Adds the image options to the `train` subcommand's parser, and marks
-    the shared defaults so that vit presets can tell them from given values."""
-    for name in SHARED_OPTIONS:
-        value = train.get_default(name)
-        marker = _IntDefault if isinstance(value, int) else _FloatDefault
-        train.set_defaults(**{name: marker(value)})
-    group = train.add_argument_group(
-        "images (vit presets)",
-        "One epoch is one pass over the images unless --steps-per-epoch is "
-        "given; defaults: --epochs {epochs}, --batch-size {batch_size}, "
-        "--learning-rate {learning_rate}. --validation-fraction holds out "
-        "images when there are no --test-images.".format(**VIT_DEFAULTS),
-    )
-    group.add_argument(
-        "--images",
-        help="a folder with one sub-folder of images per class, or an IDX "
-        "images file (default: Fashion-MNIST)",
-    )
-    group.add_argument(
-        "--labels", help="IDX labels file (default: found beside --images by name)"
-    )
-    group.add_argument("--test-images", help="test images (a folder or IDX file)")
-    group.add_argument("--test-labels", help="IDX labels of --test-images")
-    group.add_argument(
-        "--image-size",
-        type=int,
-        help="train at this square size (default: the preset's image_size)",
-    )
-    group.add_argument(
-        "--max-images",
-        type=int,
-        help="use at most this many training images (the first ones)",
-    )
-    group.add_argument(
-        "--augment",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="random horizontal flips while training (default; use "
-        "--no-augment for digits or text)",
-    )
-    group.add_argument(
-        "--label-smoothing",
-        type=float,
-        default=0.1,
-        help="default: %(default)s",
-    )
 
 
 def wants_vit(args: argparse.Namespace, family: str | None) -> bool:
@@ -169,9 +108,9 @@ def _batches(x, y, args: argparse.Namespace):
     from keras_transformers.data import ShuffledBatches
 
     batches = ShuffledBatches(x, y, args.batch_size, args.seed)
-    if not _given(args, "steps_per_epoch"):
+    if not given(args, "steps_per_epoch"):
         return batches
-    from keras_transformers.cli_bert import RepeatBatches
+    from keras_transformers.cli.bert import RepeatBatches
 
     return RepeatBatches(batches, args.steps_per_epoch)
 
@@ -200,11 +139,10 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
         )
     if args.data is not None:
         raise CLIError("vit presets train on images: pass --images, not --data.")
-    _check_train_args(args, families=(VIT_FAMILY,))
+    check_train_args(args, families=(VIT_FAMILY,))
     for name, value in VIT_DEFAULTS.items():
-        if not _given(args, name):
+        if not given(args, name):
             setattr(args, name, value)
-    from keras_transformers import cli_resume
     from keras_transformers import images as image_data
     from keras_transformers.models import ViTClassifier
     from keras_transformers.presets import load_config
@@ -239,11 +177,11 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
         net = image_data.Augmented(model, image_data.augmentation(seed=args.seed))
     steps = (
         args.steps_per_epoch
-        if _given(args, "steps_per_epoch")
+        if given(args, "steps_per_epoch")
         else max(len(x) // args.batch_size, 1)
     )
     net.compile(
-        optimizer=_optimizer(args, args.epochs * steps),
+        optimizer=optimizer(args, args.epochs * steps),
         loss=MaskedSparseCategoricalCrossentropy(
             from_logits=True, label_smoothing=args.label_smoothing
         ),
@@ -254,7 +192,7 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
         f"{args.epochs} epochs x {steps} steps of {args.batch_size} images"
         f"{', augmented' if args.augment else ''}; backend: {keras.config.backend()}."
     )
-    callbacks = cli_resume.resume_callbacks(args)
+    callbacks = resume.resume_callbacks(args)
     fit_start = time.perf_counter()
     history = net.fit(
         callbacks[0].resumable(_batches(x, y, args)),
