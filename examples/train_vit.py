@@ -50,7 +50,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_transformers.images import (  # noqa: E402
+from keras_transformers.data.images import (  # noqa: E402
     FASHION_MNIST_CLASSES,
     Augmented,
     augmentation,
@@ -115,9 +115,7 @@ def compile_model(model, steps, learning_rate):
         min_learning_rate=learning_rate / 100,
     )
     model.compile(
-        optimizer=AdamW(
-            schedule, weight_decay=args.weight_decay, global_clipnorm=1.0
-        ),
+        optimizer=AdamW(schedule, weight_decay=args.weight_decay, global_clipnorm=1.0),
         loss=MaskedSparseCategoricalCrossentropy(
             from_logits=True, label_smoothing=args.label_smoothing
         ),

@@ -26,8 +26,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # pick the backend before Keras l
 import keras  # noqa: E402
 
 import keras_transformers  # noqa: E402
-from keras_transformers import translation  # noqa: E402
 from keras_transformers.cli.seq2seq import bleu, translate  # noqa: E402
+from keras_transformers.data import parallel  # noqa: E402
 from keras_transformers.models import Seq2SeqLM  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
     CheckpointAveraging,
@@ -37,7 +37,7 @@ from keras_transformers.training import (  # noqa: E402
 )
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--task", choices=("bible", *translation.TASKS), default="bible")
+parser.add_argument("--task", choices=("bible", *parallel.TASKS), default="bible")
 parser.add_argument("--source", default="4", help="Bible code (4: World English)")
 parser.add_argument("--target", default="l", help="Bible code (l: Louis Segond)")
 parser.add_argument("--vocabulary-size", type=int, help="default: 8000 (numbers: 300)")
@@ -65,32 +65,32 @@ start = time.perf_counter()
 # 1. Sentence pairs. The Bible is split by whole books (no chapter on two
 #    sides); the generated task holds out a fixed tenth of all numbers.
 if args.task == "bible":
-    pairs = translation.load_bible_pairs(args.source, args.target)
-    splits = translation.split_by_book(pairs)
+    pairs = parallel.load_bible_pairs(args.source, args.target)
+    splits = parallel.split_by_book(pairs)
     train, validation, test = ([(p.source, p.target) for p in s] for s in splits)
     print(f"Bible {args.source} -> {args.target}: {len(pairs):,} verse pairs;")
-    books = translation.DEFAULT_TEST_BOOKS  # Ruth, Jonah, Philippians, James
+    books = parallel.DEFAULT_TEST_BOOKS  # Ruth, Jonah, Philippians, James
     print(
         f"  test: books {books}, Ruth, Jonah, Philippians, James ({len(test)} verses)"
     )
 else:
     total = args.epochs * args.steps_per_epoch * args.batch_size
-    train = translation.task_pairs(args.task, total, "train", seed=0)
-    validation = translation.task_pairs(args.task, 500, "test", seed=1)
-    test = translation.task_pairs(args.task, 1000, "test", seed=2)
+    train = parallel.task_pairs(args.task, total, "train", seed=0)
+    validation = parallel.task_pairs(args.task, 500, "test", seed=1)
+    test = parallel.task_pairs(args.task, 1000, "test", seed=2)
 test = test[: args.test_sentences]
 print(f"{len(train):,} train, {len(validation):,} validation, {len(test):,} test pairs")
 print(f"  e.g. {train[0][0]!r} -> {train[0][1]!r}")
 
 # 2. One byte-level BPE vocabulary for both languages; <pad> <s> </s> = 0 1 2.
 vocabulary_size = args.vocabulary_size or (8000 if args.task == "bible" else 300)
-tokenizer = translation.train_shared_tokenizer(train, vocabulary_size)
+tokenizer = parallel.train_shared_tokenizer(train, vocabulary_size)
 print(f"Shared vocabulary: {tokenizer.vocabulary_size} tokens")
 
 # 3. Batches: source + </s> -> <s> + target, labels target + </s>, grouped
 #    by length. Pairs longer than --max-length tokens are dropped.
 lengths = dict(max_source_length=args.max_length, max_target_length=args.max_length)
-train_data = translation.make_seq2seq_dataset(
+train_data = parallel.seq2seq_dataset(
     train,
     tokenizer,
     args.batch_size,
@@ -99,7 +99,7 @@ train_data = translation.make_seq2seq_dataset(
     length_multiple=16,  # few distinct shapes, so few XLA compilations
     **lengths,
 )
-validation_data = translation.make_seq2seq_dataset(
+validation_data = parallel.seq2seq_dataset(
     validation, tokenizer, args.batch_size, length_multiple=16, **lengths
 )
 print(

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import keras_transformers
-from keras_transformers import cli, images
+from keras_transformers import cli
 from keras_transformers.cli import train, vit
 from keras_transformers.cli._common import given
+from keras_transformers.data import images
 
 SMALL = {"num_layers": 1}
 TRAIN_ARGS = ["--epochs", "1", "--batch-size", "8", "--no-augment"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_transformers.images import FASHION_MNIST_DIR
+from keras_transformers.data.images import FASHION_MNIST_DIR
 
 SCRIPT = Path(__file__).parents[1] / "examples" / "train_vit.py"
 

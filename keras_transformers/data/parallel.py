@@ -1,11 +1,8 @@
 """Parallel text for sequence-to-sequence training: the verse-aligned Bible
-(:func:`load_bible_pairs`, split by whole books with :func:`split_by_book`),
-a task generated in code (:func:`task_pairs`: English number words ->
-digits), a shared BPE vocabulary (:func:`train_shared_tokenizer`) and
-`(inputs, labels, sample_weight)` batches for `Seq2SeqLM.fit` on every
-backend (:func:`make_seq2seq_dataset`). `examples/translate.py` puts them
-together; `keras_transformers.cli_seq2seq` has decoding and BLEU helpers.
-"""
+(:func:`load_bible_pairs`, :func:`split_by_book`), a task generated in code
+(:func:`task_pairs`: number words -> digits), a shared BPE vocabulary
+(:func:`train_shared_tokenizer`) and `Seq2SeqLM.fit` batches on every backend
+(:func:`seq2seq_dataset`); `examples/translate.py` puts them together."""
 
 from __future__ import annotations
 
@@ -278,7 +275,7 @@ def _pad(rows: list, length: int, value: int) -> np.ndarray:
 class Seq2SeqDataset(keras.utils.PyDataset):
     """Padded `(inputs, labels, sample_weight)` batches of sentence pairs.
 
-    Arguments: see :func:`make_seq2seq_dataset`. Batches group pairs of
+    Arguments: see :func:`seq2seq_dataset`. Batches group pairs of
     similar length (sorted within windows of 64 batches when shuffled, else
     wholly); each side is padded to a multiple of `length_multiple` (few
     shapes for XLA to compile), item 0 to the maximum lengths. Items are
@@ -411,7 +408,7 @@ class Seq2SeqDataset(keras.utils.PyDataset):
             self._batches = self._new_batches()
 
 
-def make_seq2seq_dataset(
+def seq2seq_dataset(
     pairs: Sequence[Any],
     tokenizer,
     batch_size: int,
@@ -447,3 +444,6 @@ def make_seq2seq_dataset(
     """
     lengths = (max_source_length, max_target_length)
     return Seq2SeqDataset(pairs, tokenizer, batch_size, *lengths, shuffle, **kwargs)
+
+
+make_seq2seq_dataset = seq2seq_dataset  # the same function, another name
