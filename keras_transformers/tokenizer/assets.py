@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from keras_transformers.tokenizer._common import (
     DEFAULT_END_TOKEN,
@@ -23,8 +23,8 @@ from keras_transformers.tokenizer.files import (
 )
 from keras_transformers.tokenizer.tiktoken import _read_tiktoken
 
-if TYPE_CHECKING:
-    from keras_transformers.tokenizer.bpe import BPETokenizer
+# The class a `from_*` loader is called on (`BPETokenizer` or a subclass).
+_Tokenizer = TypeVar("_Tokenizer", bound="_AssetsMixin")
 
 
 class _AssetsMixin:
@@ -91,7 +91,7 @@ class _AssetsMixin:
         )
 
     @classmethod
-    def from_assets(cls, directory: PathLike) -> BPETokenizer:
+    def from_assets(cls: type[_Tokenizer], directory: PathLike) -> _Tokenizer:
         """Loads a tokenizer directory.
 
         Reads what `save_assets` writes, and Hugging Face model directories:
@@ -120,13 +120,13 @@ class _AssetsMixin:
 
     @classmethod
     def from_gpt2_files(
-        cls,
+        cls: type[_Tokenizer],
         vocab_json_path: PathLike,
         merges_txt_path: PathLike,
         *,
         end_token: str = DEFAULT_END_TOKEN,
         **kwargs: Any,
-    ) -> BPETokenizer:
+    ) -> _Tokenizer:
         """Loads GPT-2 style `vocab.json` (a.k.a. `encoder.json`) and `merges.txt`.
 
         Args:
@@ -157,8 +157,12 @@ class _AssetsMixin:
 
     @classmethod
     def from_hf_tokenizer_json(
-        cls, path: PathLike, *, end_token: str | None = None, **kwargs: Any
-    ) -> BPETokenizer:
+        cls: type[_Tokenizer],
+        path: PathLike,
+        *,
+        end_token: str | None = None,
+        **kwargs: Any,
+    ) -> _Tokenizer:
         """Loads a Hugging Face `tokenizer.json` of a byte-level BPE model.
 
         Args:
@@ -191,13 +195,13 @@ class _AssetsMixin:
 
     @classmethod
     def from_tiktoken(
-        cls,
+        cls: type[_Tokenizer],
         path: PathLike,
         *,
         special_tokens: Mapping[str, int] | Sequence[str] | None = None,
         end_token: str = DEFAULT_END_TOKEN,
         **kwargs: Any,
-    ) -> BPETokenizer:
+    ) -> _Tokenizer:
         """Loads an OpenAI `.tiktoken` rank file (e.g. `gpt2.tiktoken`).
 
         Each line is a base64 token and its rank; the rank is the id. Merge

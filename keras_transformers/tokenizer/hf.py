@@ -10,6 +10,7 @@ import numpy as np
 
 from keras_transformers.tokenizer import hf_files
 from keras_transformers.tokenizer._common import (
+    PathLike,
     _canonicalize_ids,
     _canonicalize_texts,
     _check_sequence_length,
@@ -18,7 +19,6 @@ from keras_transformers.tokenizer._common import (
 )
 from keras_transformers.tokenizer.hf_assets import (
     _HFAssetsMixin,
-    load_hf_tokenizer,
     saved_by_hf_tokenizer,
 )
 
@@ -406,6 +406,36 @@ class HFTokenizer(_HFAssetsMixin):
             else:
                 out[i, :n] = True
         return out
+
+
+def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
+    """The `HFTokenizer` of a directory, or None when it has no `tokenizer.json`.
+
+    A `tokenizer.json` beside the `tokenizer_config.json` of another of our
+    tokenizer classes is left to that class.
+
+    Args:
+        directory: A Hugging Face model directory, or one `save_assets` wrote.
+
+    Returns:
+        The tokenizer, or None.
+
+    Raises:
+        FileNotFoundError: The directory does not exist.
+        ValueError: A tokenizer file is corrupt or not valid.
+
+    Example:
+
+    ```python
+    tokenizer = load_hf_tokenizer("path/to/hf_model")
+    ```
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"Directory '{directory}' does not exist.")
+    if not hf_files.has_hf_tokenizer(directory):
+        return None
+    return HFTokenizer.from_assets(directory)
 
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer", "saved_by_hf_tokenizer"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from keras_transformers.tokenizer import hf_files
 from keras_transformers.tokenizer._common import (
@@ -13,15 +13,15 @@ from keras_transformers.tokenizer._common import (
     PathLike,
 )
 
-if TYPE_CHECKING:
-    from keras_transformers.tokenizer.hf import HFTokenizer
+# The class `from_assets` is called on (`HFTokenizer` or a subclass).
+_Tokenizer = TypeVar("_Tokenizer", bound="_HFAssetsMixin")
 
 
 class _HFAssetsMixin:
     """Reading and writing the files of an `HFTokenizer` directory."""
 
     @classmethod
-    def from_assets(cls, directory: PathLike) -> HFTokenizer:
+    def from_assets(cls: type[_Tokenizer], directory: PathLike) -> _Tokenizer:
         """Loads a Hugging Face tokenizer directory, or one `save_assets` wrote.
 
         Reads `tokenizer.json`; special tokens (strings or `AddedToken`
@@ -118,38 +118,6 @@ class _HFAssetsMixin:
         with open(os.path.join(directory, CONFIG_FILENAME), "w", encoding="utf-8") as f:
             json.dump(self.get_config(), f, ensure_ascii=False, indent=2)
         hf_files.write_chat_templates(directory, self._templates)
-
-
-def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
-    """The `HFTokenizer` of a directory, or None when it has no `tokenizer.json`.
-
-    A `tokenizer.json` beside the `tokenizer_config.json` of another of our
-    tokenizer classes is left to that class.
-
-    Args:
-        directory: A Hugging Face model directory, or one `save_assets` wrote.
-
-    Returns:
-        The tokenizer, or None.
-
-    Raises:
-        FileNotFoundError: The directory does not exist.
-        ValueError: A tokenizer file is corrupt or not valid.
-
-    Example:
-
-    ```python
-    tokenizer = load_hf_tokenizer("path/to/hf_model")
-    ```
-    """
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"Directory '{directory}' does not exist.")
-    if not hf_files.has_hf_tokenizer(directory):
-        return None
-    from keras_transformers.tokenizer.hf import HFTokenizer
-
-    return HFTokenizer.from_assets(directory)
 
 
 def saved_by_hf_tokenizer(directory: PathLike) -> bool:
