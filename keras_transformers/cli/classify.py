@@ -94,10 +94,10 @@ def is_builtin(handle: str) -> bool:
 def _bert_family(handle: str) -> None:
     """Rejects a built-in preset that is not bert (checkpoints are checked
     when they load)."""
-    from keras_transformers.presets import _preset_data
+    from keras_transformers.loading import preset_data
 
     try:
-        family = _preset_data(handle).get("family")
+        family = preset_data(handle).get("family")
     except (ValueError, FileNotFoundError, KeyError) as error:
         raise CLIError(f"cannot load preset {handle!r}: {error}") from None
     if family != "bert":
