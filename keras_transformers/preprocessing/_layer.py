@@ -1,7 +1,8 @@
 """The keras-hub layer under `WordPieceTokenizer`, created on first use.
 
 keras-hub imports TensorFlow, so it is imported when a tokenizer is built,
-never when `keras_transformers` is imported.
+never when `keras_transformers` is imported, and quietly (see
+`keras_transformers._quiet`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 
+from keras_transformers._quiet import import_quietly
 from keras_transformers.backend import tensorflow_module as tensorflow
 
 SPECIAL_TOKENS = {
@@ -72,7 +74,8 @@ def layer_class():
         return _LAYER_CLASS
 
     import keras
-    import keras_hub
+
+    keras_hub = import_quietly("keras_hub")
 
     @keras.saving.register_keras_serializable(package="keras_transformers")
     class BertWordPieceTokenizer(keras_hub.tokenizers.WordPieceTokenizer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from keras_transformers._quiet import import_quietly
 from keras_transformers.tokenizer._common import DEFAULT_END_TOKEN
 
 _LAYER_CLASS = None
@@ -11,15 +12,17 @@ def _layer_class():
     """The keras-hub `BytePairTokenizer` subclass, created on first use.
 
     keras-hub imports TensorFlow, so it is imported when a tokenizer is
-    built, never when `keras_transformers` is imported.
+    built, never when `keras_transformers` is imported, and quietly (see
+    `keras_transformers._quiet`).
     """
     global _LAYER_CLASS
     if _LAYER_CLASS is not None:
         return _LAYER_CLASS
 
     import keras
-    import keras_hub
     from tokenizers import pre_tokenizers
+
+    keras_hub = import_quietly("keras_hub")
 
     @keras.saving.register_keras_serializable(package="keras_transformers")
     class GPT2BytePairTokenizer(keras_hub.tokenizers.BytePairTokenizer):

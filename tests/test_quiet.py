@@ -1,0 +1,95 @@
+"""Loading a tokenizer on JAX or PyTorch prints none of TensorFlow's start-up
+lines (keras-hub imports TensorFlow), unless the user set
+`TF_CPP_MIN_LOG_LEVEL`; the Hugging Face `tokenizer.json` path imports no
+TensorFlow at all."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOISE = ("cuda", "cuinit", "onednn")
+# A byte-level BPE (keras-hub layer, so TensorFlow) and a Hugging Face
+# `tokenizer.json` (the `tokenizers` library only), each loaded and used.
+SCRIPT = """
+import os, sys, tempfile
+from tokenizers import Tokenizer, models, pre_tokenizers
+from keras_transformers.tokenizer import BPETokenizer, load_hf_tokenizer
+
+directory = tempfile.mkdtemp()
+hf = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+hf.pre_tokenizer = pre_tokenizers.Whitespace()
+hf.save(os.path.join(directory, "tokenizer.json"))
+tokenizer = load_hf_tokenizer(directory)
+assert tokenizer.decode(tokenizer.encode("a b")) == "a b"
+print("tensorflow after HFTokenizer:", "tensorflow" in sys.modules)
+vocabulary = {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}
+bpe = BPETokenizer(vocabulary, ["a b"])
+assert bpe.decode(bpe.encode("ab")) == "ab"
+print("TF_CPP_MIN_LOG_LEVEL:", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+"""
+
+
+def _run(backend, **env):
+    """Runs SCRIPT with `KERAS_BACKEND=backend`, no `TF_CPP_MIN_LOG_LEVEL`
+    unless given in `env`; returns (stdout, stderr)."""
+    base = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    base["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), base.get("PYTHONPATH")])
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env={**base, "KERAS_BACKEND": backend, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_loading_tokenizers_prints_no_tensorflow_start_up_lines(backend):
+    pytest.importorskip(backend)
+    stdout, stderr = _run(backend)
+    noisy = [
+        line for line in stderr.splitlines() if any(n in line.lower() for n in NOISE)
+    ]
+    assert noisy == []
+    assert "tensorflow after HFTokenizer: False" in stdout
+    assert "TF_CPP_MIN_LOG_LEVEL: 3" in stdout
+
+
+@pytest.mark.parametrize("level", ["0", "1"])
+def test_a_log_level_set_by_the_user_is_kept(level):
+    pytest.importorskip("jax" if level == "1" else "torch")
+    stdout, _ = _run("jax" if level == "1" else "torch", TF_CPP_MIN_LOG_LEVEL=level)
+    assert f"TF_CPP_MIN_LOG_LEVEL: {level}" in stdout
+
+
+def test_only_the_import_is_silenced_and_its_warnings_still_show(tmp_path):
+    (tmp_path / "noisy_module.py").write_text(
+        "import os, warnings\n"
+        "os.write(2, b'start-up noise\\n')\n"
+        "warnings.warn('a warning of the import')\n"
+    )
+    script = (
+        "import sys\n"
+        "from keras_transformers._quiet import import_quietly\n"
+        "import_quietly('noisy_module')\n"
+        "print('after the import', file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    paths = [str(ROOT), str(tmp_path), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "start-up noise" not in result.stderr
+    assert "a warning of the import" in result.stderr
+    assert "after the import" in result.stderr
