@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keras_transformers import preset_io, preset_record, registry
+from keras_transformers import preset_io, registry
 from keras_transformers.config import TransformerConfig
 
 
@@ -19,8 +19,12 @@ def preset_data(handle) -> dict:
     """The data of any preset: `family`, `config` (and `class_name`, `task`,
     `metadata` where known). A hub handle fetches only config and tokenizer
     files."""
-    handle = preset_io.resolve(handle, weights=False)
-    kind = preset_io.kind(handle)
+    directory = preset_io.resolve(handle, weights=False)
+    return _read(directory, preset_io.kind(directory))
+
+
+def _read(handle, kind: str) -> dict:
+    """The data of a resolved handle of `kind` (see `preset_io.kind`)."""
     if kind == "huggingface":
         from keras_transformers.convert import hf_preset_data
 
@@ -88,16 +92,18 @@ def load_model(
             revision not found, gated, or offline with nothing cached.
     """
     handle = preset_io.resolve(handle, weights=load_weights)
-    if distribution is not None:
-        _activate_distribution(handle, cls, distribution, overrides)
     kind = preset_io.kind(handle)
-    if kind == "huggingface":
+    if distribution is not None:
+        _activate_distribution(
+            handle, _read(handle, kind), cls, distribution, overrides
+        )
+    if kind == "huggingface":  # read, built and loaded by its converter
         from keras_transformers.convert import load_hf_model
 
         return load_hf_model(
             Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides
         )
-    data = preset_io.read_preset(handle, kind)
+    data = preset_io.read_preset(handle, kind)  # a built-in or saved preset
     cls, saved_cls = registry.resolve_class(data, cls)
     task_args = preset_io.split_task_arguments(cls, overrides)
     if saved_cls is cls:
@@ -105,7 +111,7 @@ def load_model(
     config = _config(data, handle, overrides)
     if kind != "saved":  # built-in presets have no weights and no tokenizer
         return preset_io.instantiate(cls, config, dtype, None, task_args)
-    tokenizer = _saved_tokenizer(handle, config, load_weights)
+    tokenizer = preset_io.saved_tokenizer(handle, config, weights=load_weights)
     if not load_weights:
         return preset_io.instantiate(cls, config, dtype, tokenizer, task_args)
     source = _saved_model(handle, data, saved_cls, config, dtype, tokenizer)
@@ -114,19 +120,6 @@ def load_model(
 
     attach_generation_config(model, handle)  # generation_config.json, if any
     return model
-
-
-def _saved_tokenizer(directory, config, load_weights: bool):
-    """The tokenizer of a saved preset (or None), once its files match
-    `metadata.json` (see `keras_transformers.preset_record`)."""
-    meta = preset_record.check_files(
-        directory, preset_io.METADATA_FILE, weights=load_weights
-    )
-    tokenizer = None
-    if (Path(directory) / preset_io.TOKENIZER_DIR).is_dir():
-        tokenizer = preset_io.load_assets(Path(directory) / preset_io.TOKENIZER_DIR)
-    preset_record.check_tokenizer(directory, meta, tokenizer, config)
-    return tokenizer
 
 
 def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
@@ -149,18 +142,19 @@ def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
     return model
 
 
-def _activate_distribution(handle, cls, distribution, overrides):
-    """Makes `distribution` (for the config `handle` and `overrides` give)
-    the global `keras.distribution`."""
+def _activate_distribution(handle, data: dict, cls, distribution, overrides):
+    """Makes `distribution` (for the config of preset `data` with
+    `overrides`) the global `keras.distribution`."""
     import keras
 
     from keras_transformers.distribution import make_distribution
 
     if isinstance(distribution, (str, dict)):
-        target, _ = registry.resolve_class(preset_data(handle), cls)
+        target, _ = registry.resolve_class(data, cls)
         task = preset_io.cls_task_arguments(target)
         fields = {k: v for k, v in overrides.items() if k not in task}
-        distribution = make_distribution(load_config(handle, **fields), distribution)
+        config = _config(data, handle, fields)
+        distribution = make_distribution(config, distribution)
     keras.distribution.set_distribution(distribution)
 
 

@@ -129,6 +129,18 @@ def load_assets(directory):
     )
 
 
+def saved_tokenizer(directory, config, weights: bool = True):
+    """The tokenizer of a saved preset directory (None if it has none),
+    once its files match `metadata.json` (see `keras_transformers.preset_record`;
+    `weights=False` leaves the weights file unchecked)."""
+    meta = preset_record.check_files(directory, METADATA_FILE, weights=weights)
+    tokenizer = None
+    if (Path(directory) / TOKENIZER_DIR).is_dir():
+        tokenizer = load_assets(Path(directory) / TOKENIZER_DIR)
+    preset_record.check_tokenizer(directory, meta, tokenizer, config)
+    return tokenizer
+
+
 # --------------------------------------------------------------- building
 def cls_task_arguments(cls) -> tuple:
     """Head arguments a class takes besides the config (e.g. `num_classes`)."""
