@@ -1,8 +1,12 @@
-"""Docstring examples and the README's Python snippets run as written."""
+"""The documentation runs as written: docstring examples, every Python block
+of the README and of the guides in docs/, and the mkdocs site builds."""
 
 import doctest
 import importlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -18,6 +22,19 @@ MODULES = sorted(
     for p in PACKAGE.rglob("*.py")
     if ">>>" in p.read_text()
 )
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Pages a reader sees that must describe the code, not how it came to be.
+PROSE = [*PAGES, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "README.md"]
+HISTORY = re.compile(r"\bsession\b|\bstop \d+|issue #?\d+", re.IGNORECASE)
+README_MAX_LINES = 260
+
+
+def _blocks(path, language="python"):
+    return re.findall(rf"```{language}\n(.*?)```", path.read_text(), re.S)
+
+
+def _name(path):
+    return path.relative_to(ROOT).as_posix()
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -30,34 +47,67 @@ def test_docstring_examples(module):
     assert result.failed == 0
 
 
-def _readme_python_blocks():
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
-@pytest.mark.parametrize("index", range(len(_readme_python_blocks())))
-def test_readme_python_snippets(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=_name)
+def test_python_blocks_run(page, tmp_path, monkeypatch):
+    """A page's ```python blocks run in order in one namespace (a block may
+    use what an earlier block of the same page defined)."""
     monkeypatch.chdir(tmp_path)
-    exec(compile(_readme_python_blocks()[index], f"README block {index}", "exec"), {})
+    namespace = {"__name__": "__docs__"}
+    for index, block in enumerate(_blocks(page)):
+        exec(compile(block, f"{_name(page)} block {index}", "exec"), namespace)
+
+
+def test_readme_is_short():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines"
+
+
+def test_relative_links_of_the_readme_exist():
+    text = (ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (ROOT / target).exists(), target
+
+
+@pytest.mark.parametrize("path", PROSE, ids=_name)
+def test_no_development_history(path):
+    lines = [
+        f"{number}: {line}"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if HISTORY.search(line)
+    ]
+    assert not lines, "\n".join(lines)
 
 
 def test_readme_has_the_two_setup_commands():
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    blocks = _blocks(ROOT / "README.md", "bash")
     assert any("keras-transformers train" in b and "pip install" in b for b in blocks)
     assert any("scripts/test_all.sh" in b for b in blocks)
     assert "scripts/test_all.sh" in (ROOT / ".ci" / "run").read_text()
 
 
 @pytest.mark.large
+def test_docs_site_builds(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "index.html").exists()
+    assert (tmp_path / "api" / "models" / "index.html").exists()
+
+
+@pytest.mark.large
 def test_readme_main_job_command_runs_as_written():
     """The README's first command (install, train gpt_mini, generate)."""
-    import subprocess
-
-    text = (ROOT / "README.md").read_text()
     command = next(
         b
-        for b in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for b in _blocks(ROOT / "README.md", "bash")
         if "keras-transformers train" in b
     )
     result = subprocess.run(
