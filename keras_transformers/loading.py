@@ -109,10 +109,10 @@ def load_model(
     if saved_cls is cls:
         task_args = {**data.get("task", {}), **task_args}
     config = _config(data, handle, overrides)
-    if kind != "saved":  # built-in presets have no weights and no tokenizer
-        return preset_io.instantiate(cls, config, dtype, None, task_args)
-    tokenizer = preset_io.saved_tokenizer(handle, config, weights=load_weights)
-    if not load_weights:
+    tokenizer = None  # built-in presets have neither tokenizer nor weights
+    if kind == "saved":
+        tokenizer = preset_io.saved_tokenizer(handle, config, weights=load_weights)
+    if kind != "saved" or not load_weights:
         return preset_io.instantiate(cls, config, dtype, tokenizer, task_args)
     source = _saved_model(handle, data, saved_cls, config, dtype, tokenizer)
     model = _convert_between(source, cls, tokenizer, task_args)
