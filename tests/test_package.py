@@ -48,3 +48,20 @@ def test_no_file_too_long():
         if (n := len(p.read_text().splitlines())) > 450
     }
     assert long == {}, long
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """Each folder of the package is listed in pyproject.toml's packages."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]
+    )
+    package = root / "keras_transformers"
+    found = {
+        ".".join(p.parent.relative_to(root).parts) for p in package.rglob("__init__.py")
+    }
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
