@@ -30,7 +30,7 @@ import numpy as np
 from keras_transformers.cli import resume
 from keras_transformers.cli._common import CLIError, quiet_stderr
 from keras_transformers.cli._training import check_train_args
-from keras_transformers.translation import TASKS
+from keras_transformers.data.parallel import TASKS
 
 SEQ2SEQ_FAMILY = "transformer"
 MAX_VOCABULARY_SIZE = 8000  # the paper presets' 37,000 is for huge corpora
@@ -55,7 +55,7 @@ def translate(
     """Translates `texts` with `lm.generate`, in batches of similar length.
 
     Sources are encoded as in training (`source + [eos]`, see
-    `keras_transformers.translation.Seq2SeqDataset`) with `lm.tokenizer`;
+    `keras_transformers.data.Seq2SeqDataset`) with `lm.tokenizer`;
     the generated ids are decoded up to the first eos.
 
     Args:
@@ -162,7 +162,7 @@ def _read_lines(path: str) -> list[str]:
 
 def load_pairs(args: argparse.Namespace) -> tuple[list, list, str]:
     """`(train_pairs, validation_pairs, description)` of the files or task."""
-    from keras_transformers.translation import task_pairs
+    from keras_transformers.data.parallel import task_pairs
 
     if args.task:
         total = args.epochs * args.steps_per_epoch * args.batch_size
@@ -223,12 +223,12 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
     _check_args(args)
     import keras
 
+    from keras_transformers.data.parallel import seq2seq_dataset
     from keras_transformers.models import Seq2SeqLM
     from keras_transformers.presets import from_preset, load_config
-    from keras_transformers.translation import make_seq2seq_dataset
 
     with quiet_stderr():
-        from keras_transformers.translation import train_shared_tokenizer
+        from keras_transformers.data.parallel import train_shared_tokenizer
 
     start = time.perf_counter()
     train_pairs, validation_pairs, source = load_pairs(args)
@@ -248,7 +248,7 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
     tokenizer = resume.backed_up_tokenizer(args, tokenizer)
     length = args.sequence_length or min(64, config.max_sequence_length)
     options = dict(max_source_length=length, max_target_length=length, truncate=True)
-    train_data = make_seq2seq_dataset(
+    train_data = seq2seq_dataset(
         train_pairs,
         tokenizer,
         args.batch_size,
@@ -257,7 +257,7 @@ def train_seq2seq(args: argparse.Namespace, **overrides: Any):
         num_batches=args.steps_per_epoch,
         **options,
     )
-    validation_data = make_seq2seq_dataset(
+    validation_data = seq2seq_dataset(
         validation_pairs, tokenizer, args.batch_size, **options
     )
     print(

@@ -31,7 +31,7 @@ from keras_transformers.cli._common import (
 )
 from keras_transformers.cli.resume import add_resume_arguments
 
-# The generated translation tasks: `keras_transformers.translation.TASKS`,
+# The generated translation tasks: `keras_transformers.data.parallel.TASKS`,
 # repeated here because that module imports Keras (a test checks they agree).
 TRANSLATION_TASKS = ("numbers",)
 

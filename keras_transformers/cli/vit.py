@@ -50,7 +50,7 @@ def wants_vit(args: argparse.Namespace, family: str | None) -> bool:
 
 def _load(images, labels, channels: int, size: int, what: str) -> tuple:
     """Images resized to `size`, labels and class names, errors as CLIError."""
-    from keras_transformers import images as image_data
+    from keras_transformers.data import images as image_data
 
     try:
         if Path(images).is_dir():
@@ -67,7 +67,7 @@ def _load(images, labels, channels: int, size: int, what: str) -> tuple:
 def _data(args: argparse.Namespace, channels: int, size: int) -> tuple:
     """`(x, y, x_test, y_test, class_names, source, test_name)`: float32
     `[N, size, size, C]` images and int32 labels."""
-    from keras_transformers import images as image_data
+    from keras_transformers.data import images as image_data
 
     test = None
     if args.images is None:
@@ -143,7 +143,7 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
     for name, value in VIT_DEFAULTS.items():
         if not given(args, name):
             setattr(args, name, value)
-    from keras_transformers import images as image_data
+    from keras_transformers.data import images as image_data
     from keras_transformers.models import ViTClassifier
     from keras_transformers.presets import load_config
     from keras_transformers.training import MaskedSparseCategoricalCrossentropy
