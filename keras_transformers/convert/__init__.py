@@ -124,6 +124,8 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     task = split_task_arguments(target, overrides)
     task = {**data.get("task", {}), **task} if target is saved else task
     checkpoint = Checkpoint(path) if load_weights else None
+    if checkpoint is not None:  # weights of another type fail before the build
+        checkpoint.prefix(module.PREFIXES, module.PROBE, hf["model_type"])
     fields = data["config"]
     if hasattr(module, "fit_config"):  # e.g. a BERT pooler only when saved
         fields = module.fit_config(fields, checkpoint, target)

@@ -29,6 +29,8 @@ from keras_transformers.registry import register_converter
 MODEL_TYPE = "bert"
 FAMILY = "bert"
 PREFIXES = ("bert.", "")
+# The tensor (under one of PREFIXES) that marks a checkpoint of this type.
+PROBE = "embeddings.word_embeddings.weight"
 CLASSES = {  # HF architecture -> ours; export inverts it (less PreTraining)
     "BertModel": "BertBackbone",
     "BertForPreTraining": "BertMaskedLM",
@@ -198,7 +200,7 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
     pooler or head the checkpoint lacks, or a head of another class or
     width, stays new (with a warning naming it)."""
     cls, backbone = type(model).__name__, getattr(model, "backbone", model)
-    p = checkpoint.prefix(PREFIXES, "embeddings.word_embeddings.weight", MODEL_TYPE)
+    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
     new = [] if p + "pooler.dense.weight" in checkpoint else ["pooler"]
     new = new if backbone.pooler is not None else []
     same = CLASSES.get(_architecture(hf)) == cls

@@ -29,6 +29,8 @@ MODEL_TYPE = "gpt2"
 BASE_ARCHITECTURE = "GPT2Model"
 ARCHITECTURE = "GPT2LMHeadModel"
 PREFIXES = ("transformer.", "")
+# The tensor (under one of PREFIXES) that marks a checkpoint of this type.
+PROBE = "wte.weight"
 QKV = ("query", "key", "value")
 # option -> (value we cannot convert, why)
 UNSUPPORTED = {
@@ -86,7 +88,7 @@ def config_from_hf(hf: dict) -> dict:
 
 def load_weights(backbone, checkpoint, require_head: bool) -> None:
     """Copies a GPT-2 checkpoint into `backbone` (a `GPTBackbone`)."""
-    p = checkpoint.prefix(PREFIXES, "wte.weight", MODEL_TYPE)
+    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
     get = checkpoint.get
     embeddings = backbone.token_embedding.embeddings
     assign(embeddings, get(p + "wte.weight"), p + "wte.weight")

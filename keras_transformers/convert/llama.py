@@ -27,6 +27,8 @@ MODEL_TYPE = "llama"
 BASE_ARCHITECTURE = "LlamaModel"
 ARCHITECTURE = "LlamaForCausalLM"
 PREFIXES = ("model.", "")
+# The tensor (under one of PREFIXES) that marks a checkpoint of this type.
+PROBE = "embed_tokens.weight"
 ATTENTION = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj"}
 MLP = {"gate_dense": "gate_proj", "inner_dense": "up_proj", "output_dense": "down_proj"}
 
@@ -131,7 +133,7 @@ def load_weights(
     """Copies a Llama-layout checkpoint into `backbone` (a `GPTBackbone`);
     `feed_forward(block, checkpoint, "...layers.{i}.")` loads each block's
     feed-forward (Mixtral passes its experts)."""
-    p = checkpoint.prefix(PREFIXES, "embed_tokens.weight", model_type)
+    p = checkpoint.prefix(PREFIXES, PROBE, model_type)
     get = checkpoint.get
     name = p + "embed_tokens.weight"
     assign(backbone.token_embedding.embeddings, get(name), name)

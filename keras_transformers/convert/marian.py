@@ -46,6 +46,8 @@ from keras_transformers.registry import register_converter
 MODEL_TYPE = "marian"
 FAMILY = "transformer"
 PREFIXES = ("model.", "")
+# The tensor (under one of PREFIXES) that marks a checkpoint of this type.
+PROBE = "shared.weight"
 CLASSES = {"MarianModel": "Seq2SeqBackbone", "MarianMTModel": "Seq2SeqLM"}
 ARCHITECTURES = {v: k for k, v in CLASSES.items()}
 FIELDS = {  # HF key -> (our field, HF default); the default's type is the type
@@ -273,7 +275,7 @@ def load_weights(backbone, checkpoint, require_head: bool) -> None:
         ValueError: a missing or misshapen weight, embedding copies that
             differ, or a stored position table that is not Marian's.
     """
-    p = checkpoint.prefix(PREFIXES, "shared.weight", MODEL_TYPE)
+    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
     embedding = backbone.token_embedding
     name, value = _input_embedding(checkpoint, p, embedding.tie_weights)
     assign(embedding.embeddings, value, name)

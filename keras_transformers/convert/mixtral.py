@@ -48,6 +48,7 @@ FAMILY = "mixtral"
 BASE_ARCHITECTURE = "MixtralModel"
 ARCHITECTURE = "MixtralForCausalLM"
 PREFIXES = llama.PREFIXES
+PROBE = llama.PROBE
 # MixtralConfig defaults where they differ from Llama's (for sparse configs).
 DEFAULTS = dict(
     vocab_size=32000,

@@ -65,6 +65,8 @@ from keras_transformers.registry import register_converter
 MODEL_TYPE = "vit"
 FAMILY = "vit"
 PREFIXES = ("vit.", "")
+# The tensor (under one of PREFIXES) that marks a checkpoint of this type.
+PROBE = "embeddings.cls_token"
 CLASSES = {  # HF architecture -> ours; export inverts it
     "ViTModel": "ViTBackbone",
     "ViTForImageClassification": "ViTClassifier",
@@ -281,7 +283,7 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
     `ViTClassifier`). A classifier the checkpoint lacks, or has at another
     width, stays new (with a warning)."""
     backbone = getattr(model, "backbone", model)
-    p = checkpoint.prefix(PREFIXES, "embeddings.cls_token", MODEL_TYPE)
+    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
     if backbone.pooler is not None:
         _check_pooler(hf)
     head = model is not backbone
