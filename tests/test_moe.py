@@ -158,7 +158,9 @@ def test_chunk_loop_grouped_matmul_and_its_gradients(rng, sizes):
         return (jax.numpy.einsum("md,mdf->mf", x, w[groups]) * target).sum()
 
     assert_close(jax.jit(ours)(x, kernels), reference(x, kernels), atol=1e-3)
-    for a, b in zip(jax.grad(ours, (0, 1))(x, kernels), jax.grad(reference, (0, 1))(x, kernels)):
+    for a, b in zip(
+        jax.grad(ours, (0, 1))(x, kernels), jax.grad(reference, (0, 1))(x, kernels)
+    ):
         assert_close(a, b, atol=1e-4)
 
 

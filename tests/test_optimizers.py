@@ -21,7 +21,10 @@ def run(optimizer, steps=6, seed=0):
     ]
     optimizer.build(variables)
     for _ in range(steps):
-        grads = [ops.convert_to_tensor(rng.standard_normal(s).astype("float32")) for s in SHAPES]
+        grads = [
+            ops.convert_to_tensor(rng.standard_normal(s).astype("float32"))
+            for s in SHAPES
+        ]
         optimizer.apply(grads, variables)
     return [ops.convert_to_numpy(v) for v in variables], optimizer
 
@@ -30,10 +33,18 @@ def run(optimizer, steps=6, seed=0):
     "ours, theirs, kwargs",
     [
         (AdamW, keras.optimizers.AdamW, dict(learning_rate=1e-2, weight_decay=0.05)),
-        (AdamW, keras.optimizers.AdamW, dict(learning_rate=0.1, beta_2=0.95, clipnorm=1.0)),
+        (
+            AdamW,
+            keras.optimizers.AdamW,
+            dict(learning_rate=0.1, beta_2=0.95, clipnorm=1.0),
+        ),
         (Adam, keras.optimizers.Adam, dict(learning_rate=3e-3, epsilon=1e-9)),
         (Adam, keras.optimizers.Adam, dict(learning_rate=1e-2, amsgrad=True)),
-        (AdamW, keras.optimizers.AdamW, dict(learning_rate=1e-2, gradient_accumulation_steps=2)),
+        (
+            AdamW,
+            keras.optimizers.AdamW,
+            dict(learning_rate=1e-2, gradient_accumulation_steps=2),
+        ),
     ],
 )
 def test_same_updates_as_keras(ours, theirs, kwargs):
@@ -51,7 +62,9 @@ def test_schedule_and_serialization():
     schedule = WarmupCosineDecay(1e-2, warmup_steps=2, decay_steps=6)
     optimizer = AdamW(learning_rate=schedule, weight_decay=0.01, beta_2=0.98)
     mine, _ = run(optimizer)
-    reference, _ = run(keras.optimizers.AdamW(learning_rate=schedule, weight_decay=0.01, beta_2=0.98))
+    reference, _ = run(
+        keras.optimizers.AdamW(learning_rate=schedule, weight_decay=0.01, beta_2=0.98)
+    )
     for a, b in zip(mine, reference):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))

@@ -337,7 +337,10 @@ def _flat_linear(x, kernel, bias, contracted):
         bias is not None and dtype(bias.dtype) != dtype(x.dtype)
     ):
         return None
-    lead, outer = tuple(x.shape[: x.ndim - contracted]), tuple(kernel.shape[contracted:])
+    lead, outer = (
+        tuple(x.shape[: x.ndim - contracted]),
+        tuple(kernel.shape[contracted:]),
+    )
     c = math.prod(kernel.shape[:contracted])
     out = ops.matmul(ops.reshape(x, (-1, c)), ops.reshape(kernel, (c, -1)))
     if bias is not None:
@@ -366,7 +369,9 @@ def norm(x, weight, bias, epsilon, rms=False):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, epsilon)
 
 
-def adam_update(variables, gradients, momentums, velocities, learning_rate, step, betas, epsilon):
+def adam_update(
+    variables, gradients, momentums, velocities, learning_rate, step, betas, epsilon
+):
     """One Adam step on PyTorch for all `variables` at once, in place:
     `m += (1 - beta_1) (g - m)`, `v = beta_2 v + (1 - beta_2) g^2`,
     `variable -= m / ((sqrt(v) + eps) / alpha)` with

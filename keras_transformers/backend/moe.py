@@ -112,7 +112,9 @@ def route_top_k(tokens, router_kernel, k, normalize):
     with its own ops (see `expert_groups`)."""
     if keras.config.backend() != "torch":
         ops = keras.ops
-        logits = ops.matmul(ops.cast(tokens, "float32"), ops.cast(router_kernel, "float32"))
+        logits = ops.matmul(
+            ops.cast(tokens, "float32"), ops.cast(router_kernel, "float32")
+        )
         probs = ops.softmax(logits, axis=-1)
         weights, expert_ids = ops.top_k(probs, k)
         if normalize:

@@ -179,7 +179,9 @@ class SortedPlan:
     """
 
     def __init__(self, expert_ids, num_experts):
-        self.source, self.inverse, sizes = backend.expert_groups(expert_ids, num_experts)
+        self.source, self.inverse, sizes = backend.expert_groups(
+            expert_ids, num_experts
+        )
         self.matmul = lambda x, w: backend.grouped_matmul(x, w, sizes)
 
     def gather(self, tokens):
@@ -242,11 +244,7 @@ def sparse_experts(
         # each times its own expert's gathered kernel. Cheaper than E
         # blocks; same numbers.
         return gathered_experts(tokens, expert_ids, weights, apply_experts), None
-    if (
-        per_group_cost
-        and isinstance(n, int)
-        and n <= block_size(n * k, num_experts)
-    ):
+    if per_group_cost and isinstance(n, int) and n <= block_size(n * k, num_experts):
         # At most one block of tokens (e.g. a decoding step): the blocks
         # would cost at least E * block >= E * N rows, more than every
         # expert on every token. Same numbers.

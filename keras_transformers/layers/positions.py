@@ -63,7 +63,13 @@ class RotaryEmbedding(keras.layers.Layer):
         head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
         if positions is None:
             positions = ops.arange(length)
-        key = ("rotary", id(positions), head_dim, self.max_wavelength, self.scaling_factor)
+        key = (
+            "rotary",
+            id(positions),
+            head_dim,
+            self.max_wavelength,
+            self.scaling_factor,
+        )
         # The memo keeps `positions` alive, so its id stays its own.
         _, cos, sin = backend.memo(
             key, lambda: (positions, *self.cos_sin(positions, head_dim))

@@ -33,7 +33,9 @@ class _InPlaceUpdate:
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if self.amsgrad or keras.config.backend() != "torch":
-            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+            return super()._backend_update_step(
+                grads, trainable_variables, learning_rate
+            )
         slots = [self._get_variable_index(v) for v in trainable_variables]
         backend.adam_update(
             trainable_variables,
