@@ -21,6 +21,8 @@ Glossary (ours -> paper / Hugging Face):
 ``norm_epsilon``        layer_norm_eps / rms_norm_eps / layer_norm_epsilon
 ``rope_max_wavelength`` rope_theta
 ``sliding_window``      sliding_window (Mistral / Mixtral)
+``qkv_bias``            Qwen2's q_proj / k_proj / v_proj biases
+``qk_norm``             Qwen3's q_norm / k_norm
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
 ``moe.num_experts``     num_local_experts (Mixtral)
@@ -203,6 +205,12 @@ class TransformerConfig(_Group):
             (tanh form, GPT-2's gelu_new), "relu" or "silu".
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
         use_bias: biases in attention and feed-forward projections.
+        qkv_bias: biases on the query, key and value projections even when
+            `use_bias` is False (Qwen2: `[N * H]` and `[K * H]` biases, none
+            on the attention output or the feed-forward).
+        qk_norm: an RMSNorm over each head's H features (weights `[H]`,
+            `norm_epsilon`) on queries and keys before rotary positions
+            (Qwen3's `q_norm` / `k_norm`).
         tie_embeddings: share input embedding and output projection (for
             "encoder_decoder": encoder, decoder and output share one matrix).
         logits_bias: a learned bias on the output logits (Marian's
@@ -246,6 +254,8 @@ class TransformerConfig(_Group):
     activation: str = "gelu"
     gated_feed_forward: bool = False
     use_bias: bool = True
+    qkv_bias: bool = False
+    qk_norm: bool = False
     tie_embeddings: bool = True
     logits_bias: bool = False
     scale_embeddings: bool = False
@@ -293,6 +303,8 @@ class TransformerConfig(_Group):
             "pooler",
             "gated_feed_forward",
             "use_bias",
+            "qkv_bias",
+            "qk_norm",
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",
@@ -420,7 +432,9 @@ class TransformerConfig(_Group):
         kv = self.resolved_num_kv_heads * h
         weights = d * q + 2 * d * kv + q * d
         biases = (q + 2 * kv + d) if self.use_bias else 0
-        return weights + biases
+        if self.qkv_bias and not self.use_bias:
+            biases = q + 2 * kv
+        return weights + biases + (2 * h if self.qk_norm else 0)
 
     def _ffn_params(self, intermediate: int | None = None) -> int:
         d, f = self.hidden_dim, intermediate or self.intermediate_dim

@@ -176,6 +176,8 @@ DECODER = dict(
     scale_embeddings=False,
     num_segments=0,
     sliding_window=None,
+    qkv_bias=False,
+    qk_norm=False,
     moe=None,
     vision=None,
 )

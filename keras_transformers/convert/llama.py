@@ -100,12 +100,27 @@ def config_from_hf(hf: dict) -> dict:
     )
 
 
+def derived_config(hf: dict, name: str, defaults: dict, **forced) -> dict:
+    """`config_from_hf` for a Llama-layout type: `defaults` (its HF config
+    class's defaults) fill missing keys, `forced` HF keys override, and
+    errors name model `name` instead of Llama."""
+    try:
+        return config_from_hf({**defaults, **hf, **forced})
+    except ValueError as error:
+        raise ValueError(str(error).replace("Llama", name)) from None
+
+
 def _layers(block):
-    """(layer, HF name, kernel shape) of a block's attention and norms."""
+    """(layer, HF name, kernel shape) of a block's attention and norms
+    (with `qk_norm`, the per-head `q_norm` / `k_norm` `[H]` of Qwen3)."""
+    attention = block.self_attention
     out = [
         (layer, f"self_attn.{ATTENTION[role]}", shape)
-        for role, (layer, shape) in attention_parts(block.self_attention).items()
+        for role, (layer, shape) in attention_parts(attention).items()
     ]
+    if attention.query_norm is not None:
+        out.append((attention.query_norm, "self_attn.q_norm", None))
+        out.append((attention.key_norm, "self_attn.k_norm", None))
     out.append((block.self_attention_norm, "input_layernorm", None))
     out.append((block.feed_forward_norm, "post_attention_layernorm", None))
     return out
@@ -148,16 +163,20 @@ def load_weights(
     load_head(backbone.token_embedding, checkpoint, require_head)
 
 
-def hf_config(config) -> dict:
-    """The HF `config.json` dict (without `architectures`) for `config`."""
+def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`.
+
+    A Llama-layout type passes its `model_type` and, as `allowed`, the
+    fields it needs other than Llama's (e.g. `qk_norm=True`); the caller
+    then adds or drops its own keys.
+    """
     layout = dict(norm_type="rms", position_embedding="rotary", activation="silu")
-    check_exportable(
-        config, {**DECODER, **layout, "gated_feed_forward": True}, MODEL_TYPE
-    )
+    required = {**DECODER, **layout, "gated_feed_forward": True, **allowed}
+    check_exportable(config, required, model_type)
     theta, factor = float(config.rope_max_wavelength), float(config.rope_scaling_factor)
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
     return {
-        "model_type": MODEL_TYPE,
+        "model_type": model_type,
         "vocab_size": config.vocabulary_size,
         "num_hidden_layers": config.num_layers,
         "hidden_size": config.hidden_dim,

@@ -15,7 +15,11 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.layers.core import EinsumDense, seeded_dropout
+from keras_transformers.layers.core import (
+    EinsumDense,
+    RMSNormalization,
+    seeded_dropout,
+)
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.serializable import serializable
@@ -36,6 +40,11 @@ class MultiHeadAttention(keras.layers.Layer):
         num_kv_heads: K, key/value heads (must divide N). Defaults to N (MHA).
         output_dim: width of the output; defaults to the query width D.
         use_bias: biases on the projections. Defaults to True.
+        qkv_bias: biases on the query, key and value projections (not the
+            output); None (default) follows `use_bias`.
+        qk_norm: RMS-normalise each query and key head over its H features
+            (learned scales `[H]`) before rotary positions, as Qwen3.
+        norm_epsilon: epsilon of the `qk_norm` norms.
         dropout: dropout rate on attention probabilities.
         causal: mask future keys (decoder self-attention).
         sliding_window: attend only to this many most recent positions.
@@ -86,6 +95,9 @@ class MultiHeadAttention(keras.layers.Layer):
         num_kv_heads=None,
         output_dim=None,
         use_bias=True,
+        qkv_bias=None,
+        qk_norm=False,
+        norm_epsilon=1e-6,
         dropout=0.0,
         causal=False,
         sliding_window=None,
@@ -107,6 +119,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.num_kv_heads = num_kv_heads
         self.output_dim = output_dim
         self.use_bias = use_bias
+        self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
+        self.qk_norm = qk_norm
+        self.norm_epsilon = norm_epsilon
         self.dropout = dropout
         self.causal = causal
         self.sliding_window = sliding_window
@@ -128,7 +143,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return EinsumDense(
             "btd,dnh->btnh",
             output_shape=(None, heads, self.head_dim),
-            bias_axes="nh" if self.use_bias else None,
+            bias_axes="nh" if self.qkv_bias else None,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
             name=name,
@@ -152,6 +167,14 @@ class MultiHeadAttention(keras.layers.Layer):
             name="attention_output",
         )
         self.output_dense.build((None, None, self.num_heads, self.head_dim))
+        self.query_norm = self.key_norm = None
+        if self.qk_norm:  # [H] scales shared by the heads
+            for name in ("query_norm", "key_norm"):
+                norm = RMSNormalization(
+                    epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name
+                )
+                norm.build((None, None, None, self.head_dim))
+                setattr(self, name, norm)
         self.built = True
 
     # ------------------------------------------------------------ extension
@@ -167,7 +190,13 @@ class MultiHeadAttention(keras.layers.Layer):
     def project_key_value(self, key_value):
         """Projects `[B, S, D]` encoder states once into the `(key, value)`
         cross-attention cache, each `[B, S, K, H]`."""
-        return self.key_dense(key_value), self.value_dense(key_value)
+        key = self._normed(self.key_norm, self.key_dense(key_value))
+        return key, self.value_dense(key_value)
+
+    @staticmethod
+    def _normed(norm, heads):
+        """`heads` `[B, T, N|K, H]` through the `qk_norm` norm, if any."""
+        return heads if norm is None else call_layer(norm, heads)
 
     # ----------------------------------------------------------------- call
     def call(
@@ -182,12 +211,13 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         static_cache = cache is not None and cache_index is None
         self_attention = key_value is None and not static_cache
-        q = call_layer(self.query_dense, query)  # [B, T, N, H]
+        q = self._normed(self.query_norm, call_layer(self.query_dense, query))
         if static_cache:  # projected encoder states (cross-attention)
             k, v = cache  # [B, S, K, H] each
         else:
             source = query if self_attention else key_value
             k = call_layer(self.key_dense, source)  # [B, S, K, H]
+            k = self._normed(self.key_norm, k)
             v = call_layer(self.value_dense, source)
         offset = 0 if cache_index is None else cache_index
         if self_attention:
@@ -325,6 +355,9 @@ class MultiHeadAttention(keras.layers.Layer):
             num_kv_heads=self.num_kv_heads,
             output_dim=self.output_dim,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            norm_epsilon=self.norm_epsilon,
             dropout=self.dropout,
             causal=self.causal,
             sliding_window=self.sliding_window,

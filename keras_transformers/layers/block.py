@@ -30,6 +30,8 @@ class TransformerBlock(keras.layers.Layer):
         activation: feed-forward activation name.
         gated: gated (GLU) feed-forward.
         use_bias: biases in attention and feed-forward projections.
+        qkv_bias: query / key / value biases; None follows `use_bias`.
+        qk_norm: RMS-normalise query and key heads (see `MultiHeadAttention`).
         dropout: dropout on each sub-layer output.
         attention_dropout: dropout on attention probabilities.
         causal: causal self-attention (decoders).
@@ -68,6 +70,8 @@ class TransformerBlock(keras.layers.Layer):
         activation="gelu",
         gated=False,
         use_bias=True,
+        qkv_bias=None,
+        qk_norm=False,
         dropout=0.0,
         attention_dropout=0.0,
         causal=False,
@@ -94,6 +98,8 @@ class TransformerBlock(keras.layers.Layer):
         self.activation = activation
         self.gated = gated
         self.use_bias = use_bias
+        self.qkv_bias = qkv_bias
+        self.qk_norm = qk_norm
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.causal = causal
@@ -115,6 +121,9 @@ class TransformerBlock(keras.layers.Layer):
             head_dim=head_dim,
             num_kv_heads=self.num_kv_heads,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            norm_epsilon=self.norm_epsilon,
             dropout=self.attention_dropout,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
@@ -251,6 +260,8 @@ class TransformerBlock(keras.layers.Layer):
             activation=self.activation,
             gated=self.gated,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
             dropout=self.dropout,
             attention_dropout=self.attention_dropout,
             causal=self.causal,

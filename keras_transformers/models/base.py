@@ -52,6 +52,8 @@ def block_kwargs(
         activation=config.activation,
         gated=config.gated_feed_forward,
         use_bias=config.use_bias,
+        qkv_bias=config.use_bias or config.qkv_bias,
+        qk_norm=config.qk_norm,
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         causal=causal,
