@@ -21,7 +21,17 @@ from pathlib import Path
 from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
-from keras_transformers.convert import bert, gpt2, llama, marian, mixtral, vit
+from keras_transformers.convert import (
+    bert,
+    gpt2,
+    llama,
+    marian,
+    mistral,
+    mixtral,
+    qwen2,
+    qwen3,
+    vit,
+)
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.convert.deferred import deferred_initialization
 from keras_transformers.preset_io import instantiate, load_assets, split_task_arguments
@@ -66,7 +76,8 @@ def hf_preset_data(path) -> dict:
         `{"family", "class_name", "config": {TransformerConfig fields}}`
         (+ `"task"`: head arguments such as `num_classes`). GPT: the class
         is `GPTBackbone` for a base-model checkpoint (`architectures:
-        ["GPT2Model"]` or `["LlamaModel"]`), else `GPTCausalLM`; BERT: see
+        ["GPT2Model"]`, `["LlamaModel"]`, `["MistralModel"]`,
+        `["Qwen2Model"]` or `["Qwen3Model"]`), else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
         `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
@@ -154,6 +165,21 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     return model
 
 
+def _gpt_converter(config):
+    """The converter a GPT-family `config` exports with: learned positions
+    as gpt2; rotary ones as qwen3 (`qk_norm`), qwen2 (`qkv_bias` alone),
+    mistral (a sliding window, no biases) or llama."""
+    if config.position_embedding != "rotary":
+        return gpt2
+    if config.qk_norm:
+        return qwen3
+    if config.qkv_bias and not config.use_bias:
+        return qwen2
+    if config.sliding_window is not None and not config.use_bias:
+        return mistral
+    return llama
+
+
 def export_hf(model, directory) -> None:
     """Writes `model` as a Hugging Face checkpoint directory.
 
@@ -164,7 +190,9 @@ def export_hf(model, directory) -> None:
     (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
     for seq2seq; `AutoModel` / `AutoModelForImageClassification` for ViT).
-    Rotary GPT models export as "llama", learned-position ones as "gpt2";
+    Rotary GPT models export as "llama" ("mistral" with a sliding window,
+    "qwen2" with `qkv_bias`, "qwen3" with `qk_norm`), learned-position ones
+    as "gpt2";
     BERT-family models as "bert"; seq2seq models as "marian"; Mixtral-family
     models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
@@ -199,12 +227,13 @@ def export_hf(model, directory) -> None:
         hf, tensors = vit.export(model)
     elif family == "gpt":
         config = backbone.config
-        module = llama if config.position_embedding == "rotary" else gpt2
+        module = _gpt_converter(config)
         hf = {**module.hf_config(config), "architectures": [module.ARCHITECTURE]}
         tensors = module.export_weights(backbone)
     else:
         raise ValueError(
-            "export_hf supports GPT-family (GPT-2 / Llama layouts), BERT-family, "
+            "export_hf supports GPT-family (GPT-2 / Llama / Mistral / Qwen layouts), "
+            "BERT-family, "
             f"seq2seq (Marian), Mixtral and ViT models. Received: {type(model).__name__}."
         )
     tokenizer = getattr(model, "tokenizer", None)

@@ -1,0 +1,254 @@
+"""Hugging Face Mistral, Qwen2 and Qwen3 conversion (Llama layouts on the
+GPT family): logits and greedy generation match `transformers` (torch,
+float32, eager attention) on tiny random-init models with a right-padded
+batch; export round-trips through `from_pretrained`; options we cannot
+represent raise errors that name them; the full-size presets have the
+published parameter counts."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from contracts import edited_hf_dir, randomize_weights
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import keras_transformers  # noqa: E402
+from keras_transformers import registry  # noqa: E402
+from keras_transformers.convert import export_hf, hf_preset_data  # noqa: E402
+from keras_transformers.models import GPTCausalLM  # noqa: E402
+
+TOLERANCE = 1e-4
+VOCAB, LENGTH, WINDOW = 96, 12, 4
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rope_theta=500.0,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+# Each type's tiny config: Mistral with a window shorter than the batch and
+# head_dim != hidden / heads; Qwen2 tied; Qwen3 with head_dim 12.
+TINY = {
+    "mistral": dict(sliding_window=WINDOW, head_dim=16, tie_word_embeddings=False),
+    "qwen2": dict(use_sliding_window=False, tie_word_embeddings=True),
+    "qwen3": dict(head_dim=12, attention_bias=False, tie_word_embeddings=False),
+}
+TYPES = sorted(TINY)
+# Full-size configs (from the checkpoints' config.json) and the published
+# parameter counts of Mistral-7B-v0.1, Qwen2-0.5B and Qwen3-0.6B.
+FULL = {
+    "mistral": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        sliding_window=4096,
+        tie_word_embeddings=False,
+    ),
+    "qwen2": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen3": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+}
+PUBLISHED = {
+    "mistral": ("mistral_7b", 7_241_732_096),
+    "qwen2": ("qwen2_0.5b", 494_032_768),
+    "qwen3": ("qwen3_0.6b", 596_049_920),
+}
+MAX_DIFF = {}  # (backend, case) -> max |diff|, printed with `pytest -s`
+
+
+def _randomize(model):
+    """Large random weights (norm scales near 1) so that mapping mistakes show."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            is_scale = p.ndim == 1 and "norm" in name
+            p.copy_(1 + 0.2 * noise if is_scale else 0.1 * noise)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """`{type}` (causal LM) and `{type}_base` (base model, no head) directories."""
+    root, dirs = tmp_path_factory.mktemp("hf"), {}
+    for kind in TYPES:
+        config = transformers.AutoConfig.for_model(kind, **COMMON, **TINY[kind])
+        model = _randomize(transformers.AutoModelForCausalLM.from_config(config))
+        dirs[kind] = root / kind
+        model.save_pretrained(dirs[kind])
+        dirs[kind + "_base"] = root / (kind + "_base")
+        model.model.save_pretrained(dirs[kind + "_base"])
+    return dirs
+
+
+def _reference(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+
+
+def _batch():
+    """Two sequences, the second right-padded."""
+    ids = np.random.default_rng(1).integers(2, VOCAB, (2, LENGTH)).astype("int32")
+    mask = np.ones_like(ids, bool)
+    mask[1, 7:] = False
+    ids[1, 7:] = 0
+    return ids, mask
+
+
+def _hf_logits(model, ids, mask):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask.astype("int64")),
+        )
+    return out.logits.numpy()
+
+
+def _ours(model, ids, mask):
+    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
+
+
+def _record(case, ours, theirs, mask):
+    diff = float(np.abs(ours - theirs)[mask].max())
+    MAX_DIFF[(keras.config.backend(), case)] = diff
+    print(f"[{keras.config.backend()}] {case}: max |diff| = {diff:.2e}")
+    assert diff <= TOLERANCE, f"{case}: max |diff| {diff} > {TOLERANCE}"
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_causal_lm_logits_match(hf_dirs, kind):
+    ids, mask = _batch()
+    expected = _hf_logits(_reference(hf_dirs[kind]), ids, mask)
+    lm = keras_transformers.from_preset(hf_dirs[kind])
+    assert isinstance(lm, GPTCausalLM)
+    _record(f"{kind} logits", _ours(lm, ids, mask), expected, mask)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_greedy_generation_matches(hf_dirs, kind):
+    """Cached greedy decoding, past Mistral's window (a rolling cache)."""
+    prompt = np.array([[5, 17, 42, 90, 3]], "int32")
+    reference = _reference(hf_dirs[kind])
+    reference.generation_config.eos_token_id = None  # never stop early, like ours
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor(prompt, dtype=torch.long),
+            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=8,
+            pad_token_id=0,
+        ).numpy()
+    lm = keras_transformers.from_preset(hf_dirs[kind])
+    ours = lm.generate(prompt, max_new_tokens=8, stop_token_ids=None)
+    np.testing.assert_array_equal(np.asarray(ours), expected)
+
+
+def test_config_mapping(hf_dirs):
+    mistral = keras_transformers.load_config(hf_dirs["mistral"])
+    assert (mistral.sliding_window, mistral.head_dim) == (WINDOW, 16)
+    assert not (mistral.use_bias or mistral.qkv_bias or mistral.qk_norm)
+    qwen2 = keras_transformers.load_config(hf_dirs["qwen2"])
+    assert (qwen2.qkv_bias, qwen2.use_bias, qwen2.tie_embeddings) == (True, False, True)
+    assert qwen2.sliding_window is None and not qwen2.qk_norm
+    qwen3 = keras_transformers.load_config(hf_dirs["qwen3"])
+    assert (qwen3.qk_norm, qwen3.head_dim, qwen3.use_bias) == (True, 12, False)
+    assert not qwen3.qkv_bias
+    for kind in TYPES:
+        assert hf_preset_data(hf_dirs[kind + "_base"])["class_name"] == "GPTBackbone"
+        base = keras_transformers.from_preset(hf_dirs[kind + "_base"])
+        assert base.count_params() == base.config.num_params()
+
+
+def test_mistral_without_window(hf_dirs, tmp_path):
+    """`sliding_window: null` is full attention; the window changes HF's
+    logits, so the windowed parity above is real."""
+    path = edited_hf_dir(hf_dirs["mistral"], tmp_path / "full", sliding_window=None)
+    assert keras_transformers.load_config(path).sliding_window is None
+    ids, mask = _batch()
+    lm = keras_transformers.from_preset(path)
+    expected = _hf_logits(_reference(path), ids, mask)
+    _record("mistral no window logits", _ours(lm, ids, mask), expected, mask)
+    windowed = _hf_logits(_reference(hf_dirs["mistral"]), ids, mask)
+    assert np.abs(expected - windowed)[0, WINDOW:].max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_export_round_trip(hf_dirs, tmp_path, kind):
+    lm = randomize_weights(keras_transformers.from_preset(hf_dirs[kind]), seed=1)
+    export_hf(lm, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == kind
+    ids, mask = _batch()
+    ours = _ours(lm, ids, mask)
+    _record(f"{kind} export", ours, _hf_logits(_reference(tmp_path), ids, mask), mask)
+    back = keras_transformers.from_preset(tmp_path)
+    assert back.config == lm.config
+    np.testing.assert_allclose(_ours(back, ids, mask)[mask], ours[mask], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kind, changes, match",
+    [
+        ("mistral", dict(hidden_act="gelu"), "Mistral hidden_act"),
+        (
+            "qwen2",
+            dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+            "use_sliding_window",
+        ),
+        (
+            "qwen3",
+            dict(layer_types=["full_attention", "sliding_attention"]),
+            "use_sliding_window",
+        ),
+        ("qwen3", dict(attention_bias=True), "attention_bias"),
+        ("qwen2", dict(num_hidden_layers=3), "model.layers.2"),
+    ],
+)
+def test_errors_name_the_problem(hf_dirs, tmp_path, kind, changes, match):
+    path = edited_hf_dir(hf_dirs[kind], tmp_path / "edited", **changes)
+    with pytest.raises(ValueError, match=match):
+        keras_transformers.from_preset(path)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_published_parameter_counts(kind):
+    """transformers' model on the meta device (no memory), our count of the
+    converted config and the preset all give the published figure."""
+    name, published = PUBLISHED[kind]
+    config = transformers.AutoConfig.for_model(kind, **FULL[kind])
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == published
+    fields = registry.converter(kind).config_from_hf(config.to_dict())
+    converted = keras_transformers.TransformerConfig.from_dict(fields)
+    assert converted.num_params() == published
+    assert keras_transformers.load_config(name).num_params() == published
