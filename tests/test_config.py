@@ -41,6 +41,8 @@ def test_unknown_key_is_named():
         ("eos_token_id", 100),
         ("vocabulary_size", 2.5),
         ("sliding_window", 0),
+        ("qkv_bias", 1),
+        ("qk_norm", "yes"),
     ],
 )
 def test_invalid_values_name_field_and_value(field, value):
@@ -106,6 +108,20 @@ def test_num_params_known_models():
     assert round(mixtral.num_params() / 1e9, 1) == 46.7
     assert round(mixtral.num_active_params() / 1e9, 1) == 12.9
     assert gpt2.num_active_params() == gpt2.num_params()
+
+
+def test_qkv_bias_and_qk_norm_counted():
+    """num_params() counts the query / key / value biases and the `[H]`
+    query / key norm scales, as the built model holds them."""
+    from keras_transformers.models import GPTBackbone
+
+    for fields in (dict(qkv_bias=True), dict(qk_norm=True, head_dim=12)):
+        config = TransformerConfig(
+            **{**BASE, "use_bias": False, "num_kv_heads": 2}, **fields
+        )
+        off = config.replace(qkv_bias=False, qk_norm=False)
+        assert config.num_params() > off.num_params()
+        assert GPTBackbone(config=config).count_params() == config.num_params()
 
 
 def test_derived_values():

@@ -261,7 +261,7 @@ def test_export_rejects_unrepresentable(tmp_path):
         (
             "gpt2",
             dict(model_type="gpt3"),
-            "Supported model types: \\['gpt2', 'llama'\\]",
+            "Supported model types: \\['gpt2', 'llama', 'mistral', 'qwen2', 'qwen3'\\]",
         ),
         ("llama", dict(hidden_act="gelu"), "hidden_act"),
         ("llama", dict(attention_bias=True), "mlp_bias"),

@@ -27,6 +27,37 @@ def test_multi_head_attention_contract(x):
     )
 
 
+def test_attention_qkv_bias_and_qk_norm(x):
+    """`qkv_bias` puts biases on query / key / value only; `qk_norm` adds
+    one `[H]` RMSNorm scale each for queries and keys (none when off)."""
+    layer, _ = run_layer_test(
+        layers.MultiHeadAttention,
+        dict(
+            num_heads=4,
+            head_dim=12,
+            num_kv_heads=2,
+            causal=True,
+            use_bias=False,
+            qkv_bias=True,
+            qk_norm=True,
+            norm_epsilon=1e-5,
+            rope_max_wavelength=10000.0,
+        ),
+        (x,),
+        (2, 6, 32),
+    )
+    shapes = {w.path.split("/", 1)[1]: tuple(w.shape) for w in layer.weights}
+    assert shapes["query/bias"] == (4, 12) and shapes["key/bias"] == (2, 12)
+    assert "attention_output/bias" not in shapes
+    assert shapes["query_norm/scale"] == shapes["key_norm/scale"] == (12,)
+    # Unit scales: each query head has RMS 1 before rotary positions.
+    q = to_numpy(layer.query_norm(layer.query_dense(x)))
+    np.testing.assert_allclose(np.sqrt((q**2).mean(-1)), 1.0, atol=1e-3)
+    plain = layers.MultiHeadAttention(num_heads=4, head_dim=12, use_bias=False)
+    plain(x)
+    assert plain.query_norm is None and len(plain.weights) == 4
+
+
 def test_fused_and_grouped_attention_agree(x):
     mask = np.ones((2, 6), bool)
     mask[1, 4:] = False
