@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
+from keras_transformers._param_count import count_params
 from keras_transformers._validation import (
     _check_bool,
     _check_choice,
@@ -376,79 +377,12 @@ class TransformerConfig(_Group):
         Counts embeddings, all blocks, norms and the output head (the LM head
         when untied). No weights are allocated, so this answers for any size.
         """
-        return self._count(active=False)
+        return count_params(self, active=False)
 
     def num_active_params(self) -> int:
         """Parameters used per token: only `num_experts_per_token` experts of
         each MoE layer count. Equals `num_params()` for dense models."""
-        return self._count(active=True)
-
-    def _count(self, active: bool) -> int:
-        d = self.hidden_dim
-        norm = d if self.norm_type == "rms" else 2 * d
-        total = 0
-        # Embeddings.
-        if self.vision is not None:
-            v = self.vision
-            total += v.patch_size**2 * v.num_channels * d + d
-            tokens = v.num_patches + int(v.class_token)
-            total += tokens * d + (d if v.class_token else 0)
-        else:
-            total += self.vocabulary_size * d
-            if self.position_embedding == "learned":
-                total += self.max_sequence_length * d
-        total += self.num_segments * d
-        if self.embedding_norm:  # one per stack
-            total += norm * (2 if self.stacks == "encoder_decoder" else 1)
-        # Blocks.
-        attention = self._attention_params()
-        if self.stacks == "encoder_decoder":
-            encoder = self.num_layers * (attention + self._ffn_params() + 2 * norm)
-            decoder = self.resolved_num_decoder_layers * (
-                2 * attention + self._ffn_params() + 3 * norm
-            )
-            total += encoder + decoder
-            if self.final_norm:
-                total += 2 * norm
-        else:
-            for i in range(self.num_layers):
-                moe = self.moe_layer(i)
-                ffn = self._moe_params(active) if moe else self._ffn_params()
-                total += attention + 2 * norm + ffn
-            if self.final_norm:
-                total += norm
-        if self.pooler:
-            total += d * d + d
-        # Output head.
-        if self.vocabulary_size and not self.tie_embeddings:
-            total += self.vocabulary_size * d
-        if self.logits_bias:
-            total += self.vocabulary_size
-        return total
-
-    def _attention_params(self) -> int:
-        d, h = self.hidden_dim, self.resolved_head_dim
-        q = self.num_heads * h
-        kv = self.resolved_num_kv_heads * h
-        weights = d * q + 2 * d * kv + q * d
-        biases = (q + 2 * kv + d) if self.use_bias else 0
-        if self.qkv_bias and not self.use_bias:
-            biases = q + 2 * kv
-        return weights + biases + (2 * h if self.qk_norm else 0)
-
-    def _ffn_params(self, intermediate: int | None = None) -> int:
-        d, f = self.hidden_dim, intermediate or self.intermediate_dim
-        if self.gated_feed_forward:
-            return 3 * d * f + ((2 * f + d) if self.use_bias else 0)
-        return 2 * d * f + ((f + d) if self.use_bias else 0)
-
-    def _moe_params(self, active: bool) -> int:
-        moe = self.moe
-        f = moe.expert_intermediate_dim or self.intermediate_dim
-        expert = (3 if self.gated_feed_forward else 2) * self.hidden_dim * f  # no bias
-        experts = moe.num_experts_per_token if active else moe.num_experts
-        router = self.hidden_dim * moe.num_experts
-        return router + (experts + moe.num_shared_experts) * expert
+        return count_params(self, active=True)
 
     def __repr__(self) -> str:
         changed = {

@@ -1,0 +1,77 @@
+"""Closed-form parameter counts of a `TransformerConfig` (its
+`num_params()` and `num_active_params()`); no weights are allocated."""
+
+from __future__ import annotations
+
+
+def count_params(config, active: bool) -> int:
+    """Parameters of the model `config` (a `TransformerConfig`) describes;
+    with `active`, only `num_experts_per_token` experts per MoE layer."""
+    d = config.hidden_dim
+    norm = d if config.norm_type == "rms" else 2 * d
+    total = 0
+    # Embeddings.
+    if config.vision is not None:
+        v = config.vision
+        total += v.patch_size**2 * v.num_channels * d + d
+        tokens = v.num_patches + int(v.class_token)
+        total += tokens * d + (d if v.class_token else 0)
+    else:
+        total += config.vocabulary_size * d
+        if config.position_embedding == "learned":
+            total += config.max_sequence_length * d
+    total += config.num_segments * d
+    if config.embedding_norm:  # one per stack
+        total += norm * (2 if config.stacks == "encoder_decoder" else 1)
+    # Blocks.
+    attention = _attention_params(config)
+    if config.stacks == "encoder_decoder":
+        encoder = config.num_layers * (attention + _ffn_params(config) + 2 * norm)
+        decoder = config.resolved_num_decoder_layers * (
+            2 * attention + _ffn_params(config) + 3 * norm
+        )
+        total += encoder + decoder
+        if config.final_norm:
+            total += 2 * norm
+    else:
+        for i in range(config.num_layers):
+            moe = config.moe_layer(i)
+            ffn = _moe_params(config, active) if moe else _ffn_params(config)
+            total += attention + 2 * norm + ffn
+        if config.final_norm:
+            total += norm
+    if config.pooler:
+        total += d * d + d
+    # Output head.
+    if config.vocabulary_size and not config.tie_embeddings:
+        total += config.vocabulary_size * d
+    if config.logits_bias:
+        total += config.vocabulary_size
+    return total
+
+
+def _attention_params(config) -> int:
+    d, h = config.hidden_dim, config.resolved_head_dim
+    q = config.num_heads * h
+    kv = config.resolved_num_kv_heads * h
+    weights = d * q + 2 * d * kv + q * d
+    biases = (q + 2 * kv + d) if config.use_bias else 0
+    if config.qkv_bias and not config.use_bias:
+        biases = q + 2 * kv
+    return weights + biases + (2 * h if config.qk_norm else 0)
+
+
+def _ffn_params(config, intermediate: int | None = None) -> int:
+    d, f = config.hidden_dim, intermediate or config.intermediate_dim
+    if config.gated_feed_forward:
+        return 3 * d * f + ((2 * f + d) if config.use_bias else 0)
+    return 2 * d * f + ((f + d) if config.use_bias else 0)
+
+
+def _moe_params(config, active: bool) -> int:
+    moe = config.moe
+    f = moe.expert_intermediate_dim or config.intermediate_dim
+    expert = (3 if config.gated_feed_forward else 2) * config.hidden_dim * f  # no bias
+    experts = moe.num_experts_per_token if active else moe.num_experts
+    router = config.hidden_dim * moe.num_experts
+    return router + (experts + moe.num_shared_experts) * expert
