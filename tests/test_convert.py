@@ -5,7 +5,6 @@ random-init models; export round-trips; errors name the problem."""
 import json
 import shutil
 
-import keras
 import numpy as np
 import pytest
 from contracts import edited_hf_dir, randomize_weights
@@ -14,12 +13,22 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from hf_parity import (  # noqa: E402
+    TOLERANCE,
+    assert_greedy_matches,
+    hf_outputs,
+    our_outputs,
+    padded_batch,
+    randomize,
+    record,
+    reference,
+)
+
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
 from keras_transformers.convert import export_hf, hf_preset_data  # noqa: E402
 from keras_transformers.models import GPTBackbone, GPTCausalLM  # noqa: E402
 
-TOLERANCE = 1e-4
 VOCAB = 128
 GPT2 = dict(
     vocab_size=VOCAB,
@@ -42,22 +51,6 @@ LLAMA = dict(
     bos_token_id=0,
     eos_token_id=1,
 )
-MAX_DIFF = {}  # (backend, case) -> max |diff|, printed with `pytest -s`
-
-
-def _randomize(model):
-    """Large random weights (norm scales near 1) so that mapping mistakes show."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            is_scale = (
-                p.ndim == 1
-                and ("ln" in name or "norm" in name)
-                and name.endswith("weight")
-            )
-            p.copy_(1 + 0.2 * noise if is_scale else 0.1 * noise)
-    return model.eval()
 
 
 def _hf_model(kind):
@@ -73,7 +66,7 @@ def hf_dirs(tmp_path_factory):
     llama_sharded (many safetensors shards + index) and bf16 llama."""
     root, dirs = tmp_path_factory.mktemp("hf"), {}
     for kind in ("gpt2", "llama", "llama_tied"):
-        model = _randomize(_hf_model(kind))
+        model = randomize(_hf_model(kind))
         dirs[kind] = root / kind
         model.save_pretrained(dirs[kind])
         base = model.transformer if kind == "gpt2" else model.model
@@ -87,86 +80,39 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
-def _reference(path, cls=transformers.AutoModelForCausalLM):
-    return cls.from_pretrained(
-        path, attn_implementation="eager", dtype=torch.float32
-    ).eval()
-
-
-def _batch():
-    """Two sequences, the second right-padded."""
-    ids = np.random.default_rng(1).integers(2, VOCAB, (2, 12)).astype("int32")
-    mask = np.ones_like(ids, bool)
-    mask[1, 7:] = False
-    ids[1, 7:] = 0
-    return ids, mask
-
-
-def _hf_out(model, ids, mask, base=False):
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            attention_mask=torch.tensor(mask.astype("int64")),
-        )
-    return (out.last_hidden_state if base else out.logits).numpy()
-
-
-def _ours(model, ids, mask):
-    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
-
-
-def _record(case, ours, theirs, mask):
-    diff = float(np.abs(ours - theirs)[mask].max())
-    MAX_DIFF[(keras.config.backend(), case)] = diff
-    print(f"[{keras.config.backend()}] {case}: max |diff| = {diff:.2e}")
-    assert diff <= TOLERANCE, f"{case}: max |diff| {diff} > {TOLERANCE}"
-
-
 @pytest.mark.parametrize(
     "kind", ["gpt2", "llama", "llama_tied", "llama_sharded", "llama_bf16"]
 )
 def test_causal_lm_logits_match(hf_dirs, kind):
-    ids, mask = _batch()
-    expected = _hf_out(_reference(hf_dirs[kind]), ids, mask)
+    ids, mask = padded_batch(VOCAB)
+    expected = hf_outputs(reference(hf_dirs[kind]), ids, mask)
     lm = GPTCausalLM.from_preset(hf_dirs[kind])
     assert isinstance(lm, GPTCausalLM)
-    _record(f"{kind} logits", _ours(lm, ids, mask), expected, mask)
+    record(f"{kind} logits", our_outputs(lm, ids, mask), expected, mask)
     same = keras_transformers.from_preset(hf_dirs[kind])
     assert isinstance(same, GPTCausalLM)
     np.testing.assert_allclose(
-        _ours(same, ids, mask)[mask], _ours(lm, ids, mask)[mask], atol=1e-6
+        our_outputs(same, ids, mask)[mask], our_outputs(lm, ids, mask)[mask], atol=1e-6
     )
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_backbone_hidden_states_match(hf_dirs, kind):
-    ids, mask = _batch()
-    reference = _reference(hf_dirs[kind])
-    expected = _hf_out(reference.base_model, ids, mask, base=True)
+    ids, mask = padded_batch(VOCAB)
+    hf_model = reference(hf_dirs[kind])
+    expected = hf_outputs(hf_model.base_model, ids, mask, base=True)
     backbone = GPTBackbone.from_preset(hf_dirs[kind])  # from the causal-LM checkpoint
-    _record(f"{kind} backbone", _ours(backbone, ids, mask), expected, mask)
+    record(f"{kind} backbone", our_outputs(backbone, ids, mask), expected, mask)
     # A base-model checkpoint (GPT2Model / LlamaModel: no prefix, no head).
     base = keras_transformers.from_preset(hf_dirs[kind + "_base"])
     assert isinstance(base, GPTBackbone)
-    _record(f"{kind} base checkpoint", _ours(base, ids, mask), expected, mask)
+    record(f"{kind} base checkpoint", our_outputs(base, ids, mask), expected, mask)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_greedy_generation_matches(hf_dirs, kind):
     prompt = np.array([[5, 17, 42, 99, 3]], "int32")
-    reference = _reference(hf_dirs[kind])
-    reference.generation_config.eos_token_id = None  # never stop early, like ours
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor(prompt, dtype=torch.long),
-            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=8,
-            pad_token_id=0,
-        ).numpy()
-    lm = keras_transformers.from_preset(hf_dirs[kind])
-    ours = lm.generate(prompt, max_new_tokens=8, stop_token_ids=None)
-    np.testing.assert_array_equal(np.asarray(ours), expected)
+    assert_greedy_matches(hf_dirs[kind], prompt, max_new_tokens=8)
 
 
 def test_config_mapping(hf_dirs):
@@ -185,14 +131,14 @@ def test_config_mapping(hf_dirs):
 
 
 def test_overrides_and_no_weights(hf_dirs, tmp_path):
-    ids, mask = _batch()
-    expected = _hf_out(_reference(hf_dirs["gpt2"]), ids, mask)
+    ids, mask = padded_batch(VOCAB)
+    expected = hf_outputs(reference(hf_dirs["gpt2"]), ids, mask)
     short = GPTCausalLM.from_preset(
         hf_dirs["gpt2"], max_sequence_length=32
     )  # table cut to 32 rows
     assert short.backbone.position_embedding.embeddings.shape == (32, 32)
     np.testing.assert_allclose(
-        _ours(short, ids, mask)[mask], expected[mask], atol=TOLERANCE
+        our_outputs(short, ids, mask)[mask], expected[mask], atol=TOLERANCE
     )
     shutil.copy(hf_dirs["gpt2"] / "config.json", tmp_path / "config.json")
     random = GPTCausalLM.from_preset(tmp_path, load_weights=False)
@@ -235,11 +181,13 @@ def test_export_round_trip(tmp_path, kind):
     export_hf(lm, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == kind and saved["torch_dtype"] == "float32"
-    ids, mask = _batch()
-    ours = _ours(lm, ids, mask)
-    _record(f"{kind} export", ours, _hf_out(_reference(tmp_path), ids, mask), mask)
+    ids, mask = padded_batch(VOCAB)
+    ours = our_outputs(lm, ids, mask)
+    record(f"{kind} export", ours, hf_outputs(reference(tmp_path), ids, mask), mask)
     back = keras_transformers.from_preset(tmp_path)
-    np.testing.assert_allclose(_ours(back, ids, mask)[mask], ours[mask], atol=1e-6)
+    np.testing.assert_allclose(
+        our_outputs(back, ids, mask)[mask], ours[mask], atol=1e-6
+    )
 
 
 def test_export_rejects_unrepresentable(tmp_path):

@@ -15,6 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from hf_parity import randomize  # noqa: E402
+
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
 from keras_transformers.convert import export_hf, hf_preset_data  # noqa: E402
@@ -57,17 +59,6 @@ KINDS = {
 POSITIONS = np.array([[1, 4, 9], [0, 2, 6]], "int32")  # masked-LM positions
 
 
-def _randomize(model):
-    """Large random weights (LayerNorm scales near 1) so mapping mistakes show."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            scale = "LayerNorm.weight" in name
-            p.copy_(1 + 0.2 * noise if scale else 0.1 * noise)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root, dirs = tmp_path_factory.mktemp("hf_bert"), {}
@@ -76,7 +67,7 @@ def hf_dirs(tmp_path_factory):
             transformers.BertConfig(**BERT, num_labels=labels)
         )
         dirs[kind] = root / kind
-        _randomize(model).save_pretrained(dirs[kind])
+        randomize(model).save_pretrained(dirs[kind])
     return dirs
 
 

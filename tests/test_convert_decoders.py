@@ -7,7 +7,6 @@ published parameter counts."""
 
 import json
 
-import keras
 import numpy as np
 import pytest
 from contracts import edited_hf_dir, randomize_weights
@@ -16,12 +15,21 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from hf_parity import (  # noqa: E402
+    assert_greedy_matches,
+    hf_outputs,
+    our_outputs,
+    padded_batch,
+    randomize,
+    record,
+    reference,
+)
+
 import keras_transformers  # noqa: E402
 from keras_transformers import registry  # noqa: E402
 from keras_transformers.convert import export_hf, hf_preset_data  # noqa: E402
 from keras_transformers.models import GPTCausalLM  # noqa: E402
 
-TOLERANCE = 1e-4
 VOCAB, LENGTH, WINDOW = 96, 12, 4
 COMMON = dict(
     vocab_size=VOCAB,
@@ -81,18 +89,6 @@ PUBLISHED = {
     "qwen2": ("qwen2_0.5b", 494_032_768),
     "qwen3": ("qwen3_0.6b", 596_049_920),
 }
-MAX_DIFF = {}  # (backend, case) -> max |diff|, printed with `pytest -s`
-
-
-def _randomize(model):
-    """Large random weights (norm scales near 1) so that mapping mistakes show."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            is_scale = p.ndim == 1 and "norm" in name
-            p.copy_(1 + 0.2 * noise if is_scale else 0.1 * noise)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +97,7 @@ def hf_dirs(tmp_path_factory):
     root, dirs = tmp_path_factory.mktemp("hf"), {}
     for kind in TYPES:
         config = transformers.AutoConfig.for_model(kind, **COMMON, **TINY[kind])
-        model = _randomize(transformers.AutoModelForCausalLM.from_config(config))
+        model = randomize(transformers.AutoModelForCausalLM.from_config(config))
         dirs[kind] = root / kind
         model.save_pretrained(dirs[kind])
         dirs[kind + "_base"] = root / (kind + "_base")
@@ -109,67 +105,20 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
-def _reference(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation="eager", dtype=torch.float32
-    ).eval()
-
-
-def _batch():
-    """Two sequences, the second right-padded."""
-    ids = np.random.default_rng(1).integers(2, VOCAB, (2, LENGTH)).astype("int32")
-    mask = np.ones_like(ids, bool)
-    mask[1, 7:] = False
-    ids[1, 7:] = 0
-    return ids, mask
-
-
-def _hf_logits(model, ids, mask):
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            attention_mask=torch.tensor(mask.astype("int64")),
-        )
-    return out.logits.numpy()
-
-
-def _ours(model, ids, mask):
-    return keras.ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
-
-
-def _record(case, ours, theirs, mask):
-    diff = float(np.abs(ours - theirs)[mask].max())
-    MAX_DIFF[(keras.config.backend(), case)] = diff
-    print(f"[{keras.config.backend()}] {case}: max |diff| = {diff:.2e}")
-    assert diff <= TOLERANCE, f"{case}: max |diff| {diff} > {TOLERANCE}"
-
-
 @pytest.mark.parametrize("kind", TYPES)
 def test_causal_lm_logits_match(hf_dirs, kind):
-    ids, mask = _batch()
-    expected = _hf_logits(_reference(hf_dirs[kind]), ids, mask)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    expected = hf_outputs(reference(hf_dirs[kind]), ids, mask)
     lm = keras_transformers.from_preset(hf_dirs[kind])
     assert isinstance(lm, GPTCausalLM)
-    _record(f"{kind} logits", _ours(lm, ids, mask), expected, mask)
+    record(f"{kind} logits", our_outputs(lm, ids, mask), expected, mask)
 
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_greedy_generation_matches(hf_dirs, kind):
     """Cached greedy decoding, past Mistral's window (a rolling cache)."""
     prompt = np.array([[5, 17, 42, 90, 3]], "int32")
-    reference = _reference(hf_dirs[kind])
-    reference.generation_config.eos_token_id = None  # never stop early, like ours
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor(prompt, dtype=torch.long),
-            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=8,
-            pad_token_id=0,
-        ).numpy()
-    lm = keras_transformers.from_preset(hf_dirs[kind])
-    ours = lm.generate(prompt, max_new_tokens=8, stop_token_ids=None)
-    np.testing.assert_array_equal(np.asarray(ours), expected)
+    assert_greedy_matches(hf_dirs[kind], prompt, max_new_tokens=8)
 
 
 def test_config_mapping(hf_dirs):
@@ -193,11 +142,11 @@ def test_mistral_without_window(hf_dirs, tmp_path):
     logits, so the windowed parity above is real."""
     path = edited_hf_dir(hf_dirs["mistral"], tmp_path / "full", sliding_window=None)
     assert keras_transformers.load_config(path).sliding_window is None
-    ids, mask = _batch()
+    ids, mask = padded_batch(VOCAB, LENGTH)
     lm = keras_transformers.from_preset(path)
-    expected = _hf_logits(_reference(path), ids, mask)
-    _record("mistral no window logits", _ours(lm, ids, mask), expected, mask)
-    windowed = _hf_logits(_reference(hf_dirs["mistral"]), ids, mask)
+    expected = hf_outputs(reference(path), ids, mask)
+    record("mistral no window logits", our_outputs(lm, ids, mask), expected, mask)
+    windowed = hf_outputs(reference(hf_dirs["mistral"]), ids, mask)
     assert np.abs(expected - windowed)[0, WINDOW:].max() > 1e-2
 
 
@@ -207,12 +156,14 @@ def test_export_round_trip(hf_dirs, tmp_path, kind):
     export_hf(lm, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == kind
-    ids, mask = _batch()
-    ours = _ours(lm, ids, mask)
-    _record(f"{kind} export", ours, _hf_logits(_reference(tmp_path), ids, mask), mask)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    ours = our_outputs(lm, ids, mask)
+    record(f"{kind} export", ours, hf_outputs(reference(tmp_path), ids, mask), mask)
     back = keras_transformers.from_preset(tmp_path)
     assert back.config == lm.config
-    np.testing.assert_allclose(_ours(back, ids, mask)[mask], ours[mask], atol=1e-6)
+    np.testing.assert_allclose(
+        our_outputs(back, ids, mask)[mask], ours[mask], atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(

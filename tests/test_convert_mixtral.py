@@ -7,7 +7,6 @@ the problem."""
 
 import json
 
-import keras
 import numpy as np
 import pytest
 from contracts import edited_hf_dir, randomize_weights
@@ -16,12 +15,21 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors = pytest.importorskip("safetensors")
 
+from hf_parity import (  # noqa: E402
+    assert_greedy_matches,
+    hf_outputs,
+    our_outputs,
+    padded_batch,
+    randomize,
+    record,
+    reference,
+)
+
 import keras_transformers  # noqa: E402
 from keras_transformers import MoEConfig, TransformerConfig  # noqa: E402
 from keras_transformers.convert import export_hf, hf_preset_data, mixtral  # noqa: E402
 from keras_transformers.models import MixtralBackbone, MixtralCausalLM  # noqa: E402
 
-TOLERANCE = 1e-4
 VOCAB, LENGTH, WINDOW = 96, 12, 4
 MIXTRAL = dict(
     vocab_size=VOCAB,
@@ -38,18 +46,6 @@ MIXTRAL = dict(
     bos_token_id=0,
     eos_token_id=1,
 )
-MAX_DIFF = {}  # (backend, case) -> max |diff|, printed with `pytest -s`
-
-
-def _randomize(model):
-    """Large random weights (norm scales near 1) so that mapping mistakes show."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            is_scale = p.ndim == 1 and "norm" in name
-            p.copy_(1 + 0.2 * noise if is_scale else 0.1 * noise)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +56,7 @@ def hf_dirs(tmp_path_factory):
     from safetensors.torch import save_file
 
     root = tmp_path_factory.mktemp("hf")
-    model = _randomize(
+    model = randomize(
         transformers.MixtralForCausalLM(transformers.MixtralConfig(**MIXTRAL))
     )
     dirs = {"mixtral": root / "mixtral", "base": root / "base"}
@@ -76,94 +72,52 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
-def _reference(path, attention="eager", cls=transformers.MixtralForCausalLM):
-    return cls.from_pretrained(
-        path, attn_implementation=attention, dtype=torch.float32
-    ).eval()
-
-
-def _batch():
-    """Two sequences, the second right-padded."""
-    ids = np.random.default_rng(1).integers(2, VOCAB, (2, LENGTH)).astype("int32")
-    mask = np.ones_like(ids, bool)
-    mask[1, 7:] = False
-    ids[1, 7:] = 0
-    return ids, mask
-
-
-def _hf_out(model, ids, mask=None, base=False):
-    kwargs = {} if mask is None else {"attention_mask": torch.tensor(mask * 1)}
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long), **kwargs)
-    return (out.last_hidden_state if base else out.logits).numpy()
-
-
-def _ours(model, ids, mask=None):
-    inputs = ids if mask is None else {"token_ids": ids, "padding_mask": mask}
-    return keras.ops.convert_to_numpy(model(inputs))
-
-
-def _record(case, ours, theirs, mask=None):
-    mask = np.ones(ours.shape[:2], bool) if mask is None else mask
-    diff = float(np.abs(ours - theirs)[mask].max())
-    MAX_DIFF[(keras.config.backend(), case)] = diff
-    print(f"[{keras.config.backend()}] {case}: max |diff| = {diff:.2e}")
-    assert diff <= TOLERANCE, f"{case}: max |diff| {diff} > {TOLERANCE}"
-
-
 @pytest.mark.parametrize(
     "kind, attention",
     [("mixtral", "eager"), ("fused", "eager"), ("window", "eager"), ("window", "sdpa")],
 )
 def test_causal_lm_logits_match(hf_dirs, kind, attention):
-    ids, mask = _batch()
-    reference = _reference(hf_dirs[kind], attention)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    hf_model = reference(hf_dirs[kind], attention=attention)
     lm = keras_transformers.from_preset(hf_dirs[kind])
     assert isinstance(lm, MixtralCausalLM)
     case = f"{kind} {attention}"
-    _record(f"{case} padded", _ours(lm, ids, mask), _hf_out(reference, ids, mask), mask)
-    _record(f"{case} unpadded", _ours(lm, ids), _hf_out(reference, ids))
+    record(
+        f"{case} padded",
+        our_outputs(lm, ids, mask),
+        hf_outputs(hf_model, ids, mask),
+        mask,
+    )
+    record(f"{case} unpadded", our_outputs(lm, ids), hf_outputs(hf_model, ids))
     same = MixtralCausalLM.from_preset(hf_dirs[kind])
-    np.testing.assert_allclose(_ours(same, ids), _ours(lm, ids), atol=1e-6)
+    np.testing.assert_allclose(our_outputs(same, ids), our_outputs(lm, ids), atol=1e-6)
 
 
 def test_sliding_window_is_applied(hf_dirs):
     """The window changes HF's logits, so the window parity above is real."""
-    ids, _ = _batch()
-    full = _hf_out(_reference(hf_dirs["mixtral"]), ids)
-    window = _hf_out(_reference(hf_dirs["window"]), ids)
+    ids, _ = padded_batch(VOCAB, LENGTH)
+    full = hf_outputs(reference(hf_dirs["mixtral"]), ids)
+    window = hf_outputs(reference(hf_dirs["window"]), ids)
     assert np.abs(full[:, :WINDOW] - window[:, :WINDOW]).max() < 1e-6
     assert np.abs(full[:, WINDOW:] - window[:, WINDOW:]).max() > 1e-2
 
 
 def test_backbone_hidden_states_match(hf_dirs):
-    ids, mask = _batch()
-    expected = _hf_out(_reference(hf_dirs["mixtral"]).model, ids, mask, base=True)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    expected = hf_outputs(reference(hf_dirs["mixtral"]).model, ids, mask, base=True)
     backbone = MixtralBackbone.from_preset(hf_dirs["mixtral"])  # causal-LM file
     assert type(backbone) is MixtralBackbone
-    _record("backbone", _ours(backbone, ids, mask), expected, mask)
+    record("backbone", our_outputs(backbone, ids, mask), expected, mask)
     base = keras_transformers.from_preset(hf_dirs["base"])  # MixtralModel file
     assert type(base) is MixtralBackbone
-    _record("base checkpoint", _ours(base, ids, mask), expected, mask)
+    record("base checkpoint", our_outputs(base, ids, mask), expected, mask)
     with pytest.raises(ValueError, match="lm_head.weight"):
         MixtralCausalLM.from_preset(hf_dirs["base"])
 
 
 def test_greedy_generation_matches(hf_dirs):
     prompt = np.array([[5, 17, 42, 90, 3]], "int32")
-    reference = _reference(hf_dirs["mixtral"])
-    reference.generation_config.eos_token_id = None  # never stop early, like ours
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor(prompt, dtype=torch.long),
-            attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=6,
-            pad_token_id=0,
-        ).numpy()
-    lm = keras_transformers.from_preset(hf_dirs["mixtral"])
-    ours = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)
-    np.testing.assert_array_equal(np.asarray(ours), expected)
+    assert_greedy_matches(hf_dirs["mixtral"], prompt, max_new_tokens=6)
 
 
 def test_config_mapping(hf_dirs, tmp_path):
@@ -246,15 +200,17 @@ def test_export_round_trip(tmp_path, fields):
     assert saved["sliding_window"] == fields.get("sliding_window")
     assert (saved["num_local_experts"], saved["router_aux_loss_coef"]) == (4, 0.03)
     assert "model.layers.1.block_sparse_moe.experts.3.w2.weight" in _tensors(tmp_path)
-    ids, mask = _batch()
-    ours = _ours(lm, ids, mask)
-    reference = _reference(tmp_path)
-    assert reference.config.sliding_window == fields.get("sliding_window")
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    ours = our_outputs(lm, ids, mask)
+    hf_model = reference(tmp_path)
+    assert hf_model.config.sliding_window == fields.get("sliding_window")
     name = "export " + "-".join(sorted(fields)) if fields else "export"
-    _record(name, ours, _hf_out(reference, ids, mask), mask)
+    record(name, ours, hf_outputs(hf_model, ids, mask), mask)
     back = keras_transformers.from_preset(tmp_path)
     assert isinstance(back, MixtralCausalLM)
-    np.testing.assert_allclose(_ours(back, ids, mask)[mask], ours[mask], atol=1e-6)
+    np.testing.assert_allclose(
+        our_outputs(back, ids, mask)[mask], ours[mask], atol=1e-6
+    )
 
 
 def _tensors(path):

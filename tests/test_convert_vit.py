@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from hf_parity import randomize  # noqa: E402
+
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
 from keras_transformers.convert import export_hf, hf_preset_data, vit  # noqa: E402
@@ -49,17 +51,6 @@ AUTO = {
 }
 
 
-def _randomize(model):
-    """Large random weights (LayerNorm scales near 1) so mapping mistakes show."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            scale = "layernorm" in name and name.endswith("weight")
-            p.copy_(1 + 0.2 * noise if scale else 0.1 * noise)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     """kind -> (directory, the HF model saved there)."""
@@ -68,7 +59,7 @@ def hf(tmp_path_factory):
         config = transformers.ViTConfig(
             **{**VIT, **changes}, attn_implementation="eager"
         )
-        model = _randomize(getattr(transformers, name)(config, **arguments))
+        model = randomize(getattr(transformers, name)(config, **arguments))
         model.save_pretrained(root / kind)
         out[kind] = (root / kind, model)
     return out
