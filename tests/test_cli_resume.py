@@ -16,7 +16,8 @@ from keras_transformers import cli
 from keras_transformers.cli import resume, train
 from keras_transformers.cli.bert import pretrain_bert
 from keras_transformers.cli.seq2seq import train_seq2seq
-from keras_transformers.data import default_text
+from keras_transformers.cli.vit import train_vit
+from keras_transformers.data import default_text, images
 
 ARGS = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "2"]
 ARGS += ["--sequence-length", "16", "--sample-tokens", "0", "--checkpoint-every", "1"]
@@ -93,6 +94,19 @@ def test_train_resume_bert(tmp_path, text_file, monkeypatch):
 def test_train_resume_transformer(tmp_path):
     argv = ["train", "transformer_tiny", "--task", "numbers", *ARGS]
     _check_resume(tmp_path, argv, train_seq2seq, **SMALL)
+
+
+def test_train_resume_vit(tmp_path):
+    """Image classification: batch order and the augmentation's random state."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(40) % 2
+    pixels = rng.integers(0, 60, (40, 28, 28)) + 180 * labels[:, None, None]
+    idx = tmp_path / "train-images-idx3-ubyte.gz"
+    images.write_idx(idx, pixels.astype(np.uint8))
+    images.write_idx(tmp_path / "train-labels-idx1-ubyte.gz", labels.astype(np.uint8))
+    argv = ["train", "vit_tiny_28", "--images", str(idx), "--epochs", "2"]
+    argv += ["--steps-per-epoch", "3", "--batch-size", "4", "--checkpoint-every", "1"]
+    _check_resume(tmp_path, argv, train_vit, num_layers=1)
 
 
 def _error(capsys, argv):
