@@ -209,7 +209,8 @@ def test_export_rejects_unrepresentable(tmp_path):
         (
             "gpt2",
             dict(model_type="gpt3"),
-            "Supported model types: \\['gpt2', 'llama', 'mistral', 'qwen2', 'qwen3'\\]",
+            "Supported model types: \\['gemma', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', "
+            "'qwen3'\\]",
         ),
         ("llama", dict(hidden_act="gelu"), "hidden_act"),
         ("llama", dict(attention_bias=True), "mlp_bias"),

@@ -1,4 +1,4 @@
-"""Hugging Face Mistral, Qwen2 and Qwen3 conversion (Llama layouts on the
+"""Hugging Face Mistral, Qwen2, Qwen3, Gemma and Phi-3 conversion (Llama layouts on the
 GPT family): logits and greedy generation match `transformers` (torch,
 float32, eager attention) on tiny random-init models with a right-padded
 batch; export round-trips through `from_pretrained`; options we cannot
@@ -44,16 +44,43 @@ COMMON = dict(
     eos_token_id=1,
 )
 # Each type's tiny config: Mistral with a window shorter than the batch and
-# head_dim != hidden / heads; Qwen2 tied; Qwen3 with head_dim 12.
+# head_dim != hidden / heads; Qwen2 tied; Qwen3 with head_dim 12; Gemma tied
+# with head_dim 16; Phi-3 (fused projections) with a window.
 TINY = {
+    "gemma": dict(head_dim=16, hidden_act="gelu_pytorch_tanh", pad_token_id=0),
+    "phi3": dict(sliding_window=WINDOW, pad_token_id=0, tie_word_embeddings=False),
     "mistral": dict(sliding_window=WINDOW, head_dim=16, tie_word_embeddings=False),
     "qwen2": dict(use_sliding_window=False, tie_word_embeddings=True),
     "qwen3": dict(head_dim=12, attention_bias=False, tie_word_embeddings=False),
 }
 TYPES = sorted(TINY)
+# What `export_hf` writes without `model_type`: a config cannot tell Phi-3
+# from Llama, so a windowed Phi-3 model exports as Mistral.
+EXPORTED = {"phi3": "mistral"}
 # Full-size configs (from the checkpoints' config.json) and the published
-# parameter counts of Mistral-7B-v0.1, Qwen2-0.5B and Qwen3-0.6B.
+# parameter counts of Mistral-7B-v0.1, Qwen2-0.5B, Qwen3-0.6B, gemma-2b and
+# Phi-3-mini-4k-instruct.
 FULL = {
+    "gemma": dict(
+        vocab_size=256000,
+        hidden_size=2048,
+        intermediate_size=16384,
+        num_hidden_layers=18,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=256,
+        tie_word_embeddings=True,
+    ),
+    "phi3": dict(
+        vocab_size=32064,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        sliding_window=2047,
+        tie_word_embeddings=False,
+    ),
     "mistral": dict(
         vocab_size=32000,
         hidden_size=4096,
@@ -85,6 +112,8 @@ FULL = {
     ),
 }
 PUBLISHED = {
+    "gemma": ("gemma_2b", 2_506_172_416),
+    "phi3": ("phi3_mini", 3_821_079_552),
     "mistral": ("mistral_7b", 7_241_732_096),
     "qwen2": ("qwen2_0.5b", 494_032_768),
     "qwen3": ("qwen3_0.6b", 596_049_920),
@@ -131,6 +160,11 @@ def test_config_mapping(hf_dirs):
     qwen3 = keras_transformers.load_config(hf_dirs["qwen3"])
     assert (qwen3.qk_norm, qwen3.head_dim, qwen3.use_bias) == (True, 12, False)
     assert not qwen3.qkv_bias
+    gemma = keras_transformers.load_config(hf_dirs["gemma"])
+    assert (gemma.scale_embeddings, gemma.activation) == (True, "gelu_approximate")
+    assert (gemma.head_dim, gemma.tie_embeddings) == (16, True)
+    phi3 = keras_transformers.load_config(hf_dirs["phi3"])
+    assert (phi3.sliding_window, phi3.use_bias, phi3.head_dim) == (WINDOW, False, None)
     for kind in TYPES:
         assert hf_preset_data(hf_dirs[kind + "_base"])["class_name"] == "GPTBackbone"
         base = keras_transformers.from_preset(hf_dirs[kind + "_base"])
@@ -155,7 +189,7 @@ def test_export_round_trip(hf_dirs, tmp_path, kind):
     lm = randomize_weights(keras_transformers.from_preset(hf_dirs[kind]), seed=1)
     export_hf(lm, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model_type"] == kind
+    assert saved["model_type"] == EXPORTED.get(kind, kind)
     ids, mask = padded_batch(VOCAB, LENGTH)
     ours = our_outputs(lm, ids, mask)
     record(f"{kind} export", ours, hf_outputs(reference(tmp_path), ids, mask), mask)
@@ -164,6 +198,27 @@ def test_export_round_trip(hf_dirs, tmp_path, kind):
     np.testing.assert_allclose(
         our_outputs(back, ids, mask)[mask], ours[mask], atol=1e-6
     )
+
+
+def test_phi3_export_fused(hf_dirs, tmp_path):
+    """`model_type="phi3"` writes the fused `qkv_proj` / `gate_up_proj`
+    layout; transformers' Phi-3 gives the same logits."""
+    lm = randomize_weights(keras_transformers.from_preset(hf_dirs["phi3"]), seed=2)
+    export_hf(lm, tmp_path, model_type="phi3")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert (saved["model_type"], saved["architectures"]) == (
+        "phi3",
+        ["Phi3ForCausalLM"],
+    )
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    ours = our_outputs(lm, ids, mask)
+    record("phi3 fused export", ours, hf_outputs(reference(tmp_path), ids, mask), mask)
+    back = keras_transformers.from_preset(tmp_path)
+    np.testing.assert_allclose(
+        our_outputs(back, ids, mask)[mask], ours[mask], atol=1e-6
+    )
+    with pytest.raises(ValueError, match="not a GPT-family"):
+        export_hf(lm, tmp_path / "bad", model_type="bert")
 
 
 @pytest.mark.parametrize(
@@ -181,6 +236,14 @@ def test_export_round_trip(hf_dirs, tmp_path, kind):
             "use_sliding_window",
         ),
         ("qwen3", dict(attention_bias=True), "attention_bias"),
+        ("gemma", dict(use_bidirectional_attention=True), "use_bidirectional"),
+        ("gemma", dict(hidden_act="relu"), "Gemma hidden_act"),
+        (
+            "phi3",
+            dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 4}),
+            "rope_scaling of type 'longrope'",
+        ),
+        ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
         ("qwen2", dict(num_hidden_layers=3), "model.layers.2"),
     ],
 )

@@ -23,11 +23,13 @@ from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
 from keras_transformers.convert import (
     bert,
+    gemma,
     gpt2,
     llama,
     marian,
     mistral,
     mixtral,
+    phi3,  # noqa: F401 (registers "phi3"; exported with model_type="phi3")
     qwen2,
     qwen3,
     vit,
@@ -77,7 +79,8 @@ def hf_preset_data(path) -> dict:
         (+ `"task"`: head arguments such as `num_classes`). GPT: the class
         is `GPTBackbone` for a base-model checkpoint (`architectures:
         ["GPT2Model"]`, `["LlamaModel"]`, `["MistralModel"]`,
-        `["Qwen2Model"]` or `["Qwen3Model"]`), else `GPTCausalLM`; BERT: see
+        `["Qwen2Model"]`, `["Qwen3Model"]`, `["GemmaModel"]` or
+        `["Phi3Model"]`), else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
         `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
@@ -165,12 +168,24 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     return model
 
 
-def _gpt_converter(config):
-    """The converter a GPT-family `config` exports with: learned positions
-    as gpt2; rotary ones as qwen3 (`qk_norm`), qwen2 (`qkv_bias` alone),
+def _gpt_converter(config, model_type=None):
+    """The converter a GPT-family `config` exports with: `model_type` when
+    given; else learned positions as gpt2; rotary ones as gemma
+    (`scale_embeddings`), qwen3 (`qk_norm`), qwen2 (`qkv_bias` alone),
     mistral (a sliding window, no biases) or llama."""
+    if model_type is not None:
+        module = registry.converter(model_type)
+        if getattr(module, "FAMILY", "gpt") != "gpt":
+            raise ValueError(
+                f"model_type={model_type!r} is not a GPT-family checkpoint type; "
+                "a GPT model exports as gpt2, llama, mistral, qwen2, qwen3, gemma "
+                "or phi3."
+            )
+        return module
     if config.position_embedding != "rotary":
         return gpt2
+    if config.scale_embeddings:
+        return gemma
     if config.qk_norm:
         return qwen3
     if config.qkv_bias and not config.use_bias:
@@ -180,7 +195,7 @@ def _gpt_converter(config):
     return llama
 
 
-def export_hf(model, directory) -> None:
+def export_hf(model, directory, model_type=None) -> None:
     """Writes `model` as a Hugging Face checkpoint directory.
 
     Writes `config.json` (with `model_type`, `architectures` and
@@ -191,8 +206,10 @@ def export_hf(model, directory) -> None:
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
     for seq2seq; `AutoModel` / `AutoModelForImageClassification` for ViT).
     Rotary GPT models export as "llama" ("mistral" with a sliding window,
-    "qwen2" with `qkv_bias`, "qwen3" with `qk_norm`), learned-position ones
-    as "gpt2";
+    "qwen2" with `qkv_bias`, "qwen3" with `qk_norm`, "gemma" with
+    `scale_embeddings`), learned-position ones as "gpt2"; `model_type`
+    picks another GPT layout the config fits (e.g. "phi3", which a config
+    cannot tell from "llama");
     BERT-family models as "bert"; seq2seq models as "marian"; Mixtral-family
     models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
@@ -210,6 +227,8 @@ def export_hf(model, directory) -> None:
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
             must be empty or hold a `config.json`).
+        model_type: for a GPT-family model, the Hugging Face `model_type`
+            to write (None: chosen from the config as above).
 
     Raises:
         ValueError: the model has options the target format cannot express,
@@ -217,6 +236,11 @@ def export_hf(model, directory) -> None:
     """
     backbone = getattr(model, "backbone", model)
     family = getattr(backbone, "family", None)
+    if model_type is not None and family != "gpt":
+        raise ValueError(
+            f"model_type={model_type!r} applies to GPT-family models only; "
+            f"{type(model).__name__} exports in its own format (model_type=None)."
+        )
     if family == "bert":
         hf, tensors = bert.export(model)
     elif family == "transformer":
@@ -227,12 +251,13 @@ def export_hf(model, directory) -> None:
         hf, tensors = vit.export(model)
     elif family == "gpt":
         config = backbone.config
-        module = _gpt_converter(config)
+        module = _gpt_converter(config, model_type)
         hf = {**module.hf_config(config), "architectures": [module.ARCHITECTURE]}
         tensors = module.export_weights(backbone)
     else:
         raise ValueError(
-            "export_hf supports GPT-family (GPT-2 / Llama / Mistral / Qwen layouts), "
+            "export_hf supports GPT-family (GPT-2 / Llama / Mistral / Qwen / Gemma / "
+            "Phi-3 layouts), "
             "BERT-family, "
             f"seq2seq (Marian), Mixtral and ViT models. Received: {type(model).__name__}."
         )
