@@ -175,6 +175,7 @@ def train_vit(args: argparse.Namespace, **overrides: Any):
     net = model
     if args.augment:
         net = image_data.Augmented(model, image_data.augmentation(seed=args.seed))
+        net.build((None, *x.shape[1:]))  # BackupAndRestore restores built models
     steps = (
         args.steps_per_epoch
         if given(args, "steps_per_epoch")
