@@ -5,6 +5,7 @@ import doctest
 import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,9 @@ def test_readme_main_job_command_runs_as_written():
         for b in _blocks(ROOT / "README.md", "bash")
         if "keras-transformers train" in b
     )
+    # The command's output directory, as a fresh checkout has it (an earlier
+    # interrupted run would leave a backup that asks for --resume).
+    shutil.rmtree(ROOT / "runs" / "gpt_mini", ignore_errors=True)
     result = subprocess.run(
         ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=1500
     )
