@@ -257,7 +257,11 @@ def test_export_round_trip(tmp_path, kind, fields):
         (dict(hidden_act="gelu_10"), "gelu_10"),
         (dict(num_hidden_layers=3), "encoder.layer.2"),
         (dict(type_vocab_size=3), "token_type_embeddings"),
-        (dict(model_type="roberta"), "\\['bert'\\] \\(bert\\)"),
+        (
+            dict(model_type="electra"),
+            "\\['bert', 'camembert', 'roberta', 'xlm-roberta'\\] \\(bert\\)",
+        ),
+        (dict(model_type="roberta"), "not look like a roberta checkpoint"),
     ],
 )
 def test_errors_name_the_problem(hf_dirs, tmp_path, changes, match):

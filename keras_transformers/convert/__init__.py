@@ -32,6 +32,7 @@ from keras_transformers.convert import (
     phi3,  # noqa: F401 (registers "phi3"; exported with model_type="phi3")
     qwen2,
     qwen3,
+    roberta,  # noqa: F401 (registers "roberta", "xlm-roberta", "camembert")
     vit,
 )
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
@@ -81,7 +82,8 @@ def hf_preset_data(path) -> dict:
         ["GPT2Model"]`, `["LlamaModel"]`, `["MistralModel"]`,
         `["Qwen2Model"]`, `["Qwen3Model"]`, `["GemmaModel"]` or
         `["Phi3Model"]`), else `GPTCausalLM`; BERT: see
-        `keras_transformers.convert.bert`; Marian: `Seq2SeqBackbone` for
+        `keras_transformers.convert.bert` (RoBERTa types:
+        `keras_transformers.convert.roberta`); Marian: `Seq2SeqBackbone` for
         `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
@@ -195,6 +197,20 @@ def _gpt_converter(config, model_type=None):
     return llama
 
 
+def _bert_export(model, model_type=None):
+    """`(hf config, tensors)` of a BERT-family model as `model_type`
+    (None: "bert")."""
+    if model_type in (None, "bert"):
+        return bert.export(model)
+    module = registry.converter(model_type)
+    if getattr(module, "FAMILY", "gpt") != "bert":
+        raise ValueError(
+            f"model_type={model_type!r} is not a BERT-family checkpoint type; a "
+            "BERT-family model exports as bert, roberta, xlm-roberta or camembert."
+        )
+    return module.export(model, model_type)
+
+
 def export_hf(model, directory, model_type=None) -> None:
     """Writes `model` as a Hugging Face checkpoint directory.
 
@@ -210,7 +226,9 @@ def export_hf(model, directory, model_type=None) -> None:
     `scale_embeddings`), learned-position ones as "gpt2"; `model_type`
     picks another GPT layout the config fits (e.g. "phi3", which a config
     cannot tell from "llama");
-    BERT-family models as "bert"; seq2seq models as "marian"; Mixtral-family
+    BERT-family models as "bert", or as `model_type` "roberta",
+    "xlm-roberta" or "camembert" (RoBERTa layout, see
+    `keras_transformers.convert.roberta`); seq2seq models as "marian"; Mixtral-family
     models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
 
@@ -227,8 +245,8 @@ def export_hf(model, directory, model_type=None) -> None:
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
             must be empty or hold a `config.json`).
-        model_type: for a GPT-family model, the Hugging Face `model_type`
-            to write (None: chosen from the config as above).
+        model_type: for a GPT- or BERT-family model, the Hugging Face
+            `model_type` to write (None: chosen from the config as above).
 
     Raises:
         ValueError: the model has options the target format cannot express,
@@ -236,13 +254,13 @@ def export_hf(model, directory, model_type=None) -> None:
     """
     backbone = getattr(model, "backbone", model)
     family = getattr(backbone, "family", None)
-    if model_type is not None and family != "gpt":
+    if model_type is not None and family not in ("gpt", "bert"):
         raise ValueError(
-            f"model_type={model_type!r} applies to GPT-family models only; "
+            f"model_type={model_type!r} applies to GPT- and BERT-family models only; "
             f"{type(model).__name__} exports in its own format (model_type=None)."
         )
     if family == "bert":
-        hf, tensors = bert.export(model)
+        hf, tensors = _bert_export(model, model_type)
     elif family == "transformer":
         hf, tensors = marian.export(model)
     elif family == "mixtral":
