@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert import bert
+from keras_transformers.convert.renamed import POSITIONS, Renamed
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "roberta"
@@ -43,7 +44,6 @@ DEFAULTS = dict(
     bos_token_id=0,
     eos_token_id=2,
 )
-POSITIONS = "embeddings.position_embeddings.weight"
 HEAD_NAMES = (  # BERT name prefix -> RoBERTa name prefix
     ("cls.predictions.transform.dense.", "lm_head.dense."),
     ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."),
@@ -111,41 +111,26 @@ def _roberta_name(name: str, sequence: bool) -> str:
     return _rename(name, SEQUENCE_HEAD) if sequence else name
 
 
-class _Renamed:
-    """A `Checkpoint` seen with BERT's tensor names and position table."""
-
-    def __init__(self, checkpoint, hf: dict) -> None:
-        self.checkpoint, self.offset = checkpoint, _offset(hf)
-        self.directory = checkpoint.directory
-        self.sequence = "classifier.out_proj.weight" in checkpoint
-        self.used = self  # `used.update(names)` marks renamed names
-
-    def name(self, name: str) -> str:
-        return _roberta_name(name, self.sequence)
-
-    def prefix(self, *_) -> str:
-        return self.checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
-
-    def __contains__(self, name: str) -> bool:
-        return self.name(name) in self.checkpoint
-
-    def get(self, name: str) -> np.ndarray:
-        value = self.checkpoint.get(self.name(name))
-        return value[self.offset :] if name.endswith(POSITIONS) else value
-
-    def update(self, names) -> None:
-        self.checkpoint.used.update(self.name(n) for n in names)
+def _renamed(checkpoint, hf: dict) -> Renamed:
+    """`checkpoint` under BERT's names, without the leading position rows."""
+    sequence = "classifier.out_proj.weight" in checkpoint
+    return Renamed(
+        checkpoint,
+        lambda name: _roberta_name(name, sequence),
+        (PREFIXES, PROBE, MODEL_TYPE),
+        skip_positions=_offset(hf),
+    )
 
 
 def fit_config(fields: dict, checkpoint, cls) -> dict:
     """As `keras_transformers.convert.bert.fit_config`, on RoBERTa names."""
-    return bert.fit_config(fields, checkpoint and _Renamed(checkpoint, {}), cls)
+    return bert.fit_config(fields, checkpoint and _renamed(checkpoint, {}), cls)
 
 
 def load_model_weights(model, checkpoint, hf: dict) -> None:
     """Copies a RoBERTa checkpoint into `model` (any BERT-family class); see
     `keras_transformers.convert.bert.load_model_weights`."""
-    bert.load_model_weights(model, _Renamed(checkpoint, hf), _as_bert(hf))
+    bert.load_model_weights(model, _renamed(checkpoint, hf), _as_bert(hf))
 
 
 def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndarray]]:
