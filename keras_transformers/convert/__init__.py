@@ -23,6 +23,7 @@ from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
 from keras_transformers.convert import (
     bert,
+    distilbert,  # noqa: F401 (registers "distilbert")
     gemma,
     gpt2,
     llama,
@@ -83,7 +84,8 @@ def hf_preset_data(path) -> dict:
         `["Qwen2Model"]`, `["Qwen3Model"]`, `["GemmaModel"]` or
         `["Phi3Model"]`), else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert` (RoBERTa types:
-        `keras_transformers.convert.roberta`); Marian: `Seq2SeqBackbone` for
+        `keras_transformers.convert.roberta`; DistilBERT:
+        `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
         `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
@@ -206,7 +208,8 @@ def _bert_export(model, model_type=None):
     if getattr(module, "FAMILY", "gpt") != "bert":
         raise ValueError(
             f"model_type={model_type!r} is not a BERT-family checkpoint type; a "
-            "BERT-family model exports as bert, roberta, xlm-roberta or camembert."
+            "BERT-family model exports as bert, roberta, xlm-roberta, camembert or "
+            "distilbert."
         )
     return module.export(model, model_type)
 
@@ -228,8 +231,8 @@ def export_hf(model, directory, model_type=None) -> None:
     cannot tell from "llama");
     BERT-family models as "bert", or as `model_type` "roberta",
     "xlm-roberta" or "camembert" (RoBERTa layout, see
-    `keras_transformers.convert.roberta`); seq2seq models as "marian"; Mixtral-family
-    models as "mixtral"; ViT-family models as "vit" (plus a
+    `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
+    as "marian"; Mixtral-family models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
 
     The export is atomic, as `save_to_preset` is: the files go to a fresh
