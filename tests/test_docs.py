@@ -26,7 +26,7 @@ MODULES = sorted(
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Pages a reader sees that must describe the code, not how it came to be.
 PROSE = [*PAGES, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "README.md"]
-HISTORY = re.compile(r"\bsession\b|\bstop \d+|issue #?\d+", re.IGNORECASE)
+HISTORY = re.compile(r"\bsession\b|\bstop \d+|issue[ #-]*\d+", re.IGNORECASE)
 README_MAX_LINES = 260
 
 
