@@ -172,20 +172,30 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     return model
 
 
+def _converter_of_family(model_type: str, family: str):
+    """The converter registered for `model_type`, which must build `family`."""
+    module = registry.converter(model_type)
+    if registry.converter_family(module) != family:
+        types = sorted(
+            name
+            for name, other in registry.converters().items()
+            if registry.converter_family(other) == family
+        )
+        name = family.upper()
+        raise ValueError(
+            f"model_type={model_type!r} is not a {name}-family checkpoint type; "
+            f"a {name}-family model exports as one of {types}."
+        )
+    return module
+
+
 def _gpt_converter(config, model_type=None):
     """The converter a GPT-family `config` exports with: `model_type` when
     given; else learned positions as gpt2; rotary ones as gemma
     (`scale_embeddings`), qwen3 (`qk_norm`), qwen2 (`qkv_bias` alone),
     mistral (a sliding window, no biases) or llama."""
     if model_type is not None:
-        module = registry.converter(model_type)
-        if getattr(module, "FAMILY", "gpt") != "gpt":
-            raise ValueError(
-                f"model_type={model_type!r} is not a GPT-family checkpoint type; "
-                "a GPT model exports as gpt2, llama, mistral, qwen2, qwen3, gemma "
-                "or phi3."
-            )
-        return module
+        return _converter_of_family(model_type, "gpt")
     if config.position_embedding != "rotary":
         return gpt2
     if config.scale_embeddings:
@@ -204,14 +214,7 @@ def _bert_export(model, model_type=None):
     (None: "bert")."""
     if model_type in (None, "bert"):
         return bert.export(model)
-    module = registry.converter(model_type)
-    if getattr(module, "FAMILY", "gpt") != "bert":
-        raise ValueError(
-            f"model_type={model_type!r} is not a BERT-family checkpoint type; a "
-            "BERT-family model exports as bert, roberta, xlm-roberta, camembert or "
-            "distilbert."
-        )
-    return module.export(model, model_type)
+    return _converter_of_family(model_type, "bert").export(model, model_type)
 
 
 def export_hf(model, directory, model_type=None) -> None:
