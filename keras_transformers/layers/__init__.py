@@ -10,6 +10,7 @@ from keras_transformers.layers.moe import SparseMoE
 from keras_transformers.layers.patches import PatchEmbedding
 from keras_transformers.layers.positions import (
     PositionEmbedding,
+    RelativePositionBias,
     RotaryEmbedding,
     SinusoidalPositionEncoding,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "MultiHeadAttention",
     "PatchEmbedding",
     "PositionEmbedding",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "SparseMoE",

@@ -51,6 +51,8 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_max_wavelength: if set, rotary positions with this base are
             applied to queries and keys (see `process_heads`).
         rope_scaling_factor: rotary position interpolation factor.
+        attention_scale: factor on the query-key logits; None (default) is
+            `1 / sqrt(head_dim)` (T5: 1.0, its scale folded into the weights).
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
             attention dropout is active, the backend would have to
@@ -77,6 +79,15 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_index: position of the first query token in the cache (scalar).
         positions: `[T]` or `[B, T]` rotary positions; defaults to
             `cache_index + arange(T)`.
+        attention_bias: an additive bias on the scaled logits, broadcastable
+            to `[B, N, T, S]` (e.g. `RelativePositionBias`, T5), applied
+            before the masks and the softmax: the query axis covers the `T`
+            query positions (`cache_index + arange(T)` with a cache), the key
+            axis every key attended, `S` (the whole cache `S_max` with a
+            cache; an eager decoding loop then keeps the bias columns of the
+            filled part, as it does the keys). The padding and causal masks
+            still apply. Fused attention takes it as its `bias` argument
+            (folded with the mask), the explicit path adds it in float32.
         training: dropout switch.
 
     Returns:
@@ -103,6 +114,7 @@ class MultiHeadAttention(keras.layers.Layer):
         sliding_window=None,
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
+        attention_scale=None,
         fused=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
@@ -127,6 +139,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.rope_max_wavelength = rope_max_wavelength
         self.rope_scaling_factor = rope_scaling_factor
+        self.attention_scale = attention_scale
         self.fused = fused
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.rotary = None
@@ -207,6 +220,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
         positions=None,
+        attention_bias=None,
         training=None,
     ):
         static_cache = cache is not None and cache_index is None
@@ -243,12 +257,15 @@ class MultiHeadAttention(keras.layers.Layer):
                     k, v = k[:, :filled], v[:, :filled]
                     if key_padding_mask is not None:
                         key_padding_mask = key_padding_mask[:, :filled]
+                    if attention_bias is not None and attention_bias.shape[-1] != 1:
+                        attention_bias = attention_bias[..., :filled]
                     causal = causal and ops.shape(q)[1] > 1
         use_is_causal = (
             causal
             and cache is None
             and key_padding_mask is None
             and self.sliding_window is None
+            and attention_bias is None
         )
         mask = None
         if not use_is_causal:
@@ -261,7 +278,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_offset=offset,
                 key_offset=key_offset,
             )
-        out = self._attend(q, k, v, mask, use_is_causal, training)  # [B, T, N, H]
+        out = self._attend(q, k, v, mask, use_is_causal, training, attention_bias)
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
 
@@ -295,9 +312,13 @@ class MultiHeadAttention(keras.layers.Layer):
         v = ops.concatenate([cache[1], ops.cast(v, cache[1].dtype)], axis=1)
         return k, v, (k[:, t:], v[:, t:])
 
-    def _attend(self, q, k, v, mask, is_causal, training):
-        scale = 1.0 / math.sqrt(self.head_dim)
+    def _attend(self, q, k, v, mask, is_causal, training, bias=None):
+        """`[B, T, N, H]` attention outputs, fused or explicit."""
+        scale = self.attention_scale
+        if scale is None:
+            scale = 1.0 / math.sqrt(self.head_dim)
         dropout_active = self.dropout > 0 and bool(training)
+        half = keras.backend.standardize_dtype(q.dtype) == "float16"
         grouped = self.num_heads != self.num_kv_heads
         fused = self.fused
         if fused is None:  # fused unless it would need dropout or repeated K/V
@@ -306,7 +327,6 @@ class MultiHeadAttention(keras.layers.Layer):
             )
             # JAX's fused op asks XLA for an F16_F16_F32 dot, which XLA:CPU
             # (and TPU) reject when compiling: float16 takes the explicit path.
-            half = keras.backend.standardize_dtype(q.dtype) == "float16"
             # On JAX one query token (a decoding step) is also 3-9% faster
             # explicit: the fused op's grouped reshapes cost more than T = 1;
             # and on XLA:CPU so are ungrouped heads (its group axis costs a
@@ -318,13 +338,20 @@ class MultiHeadAttention(keras.layers.Layer):
             name = keras.config.backend()
             jax_explicit = name == "jax" and (half or one or ungrouped_cpu)
             fused = fused and not (jax_explicit or name == "tensorflow")
-        if fused and not dropout_active:
+        if fused and not dropout_active and bias is None:
             return backend.dot_product_attention(
                 q, k, v, mask=mask, scale=scale, is_causal=is_causal
             )
-        return self._attend_grouped(q, k, v, mask, is_causal, scale, training)
+        if fused and not dropout_active and not half:
+            # Keras' op takes a bias or a mask, not both: the mask is folded
+            # into the bias (a float16 bias would overflow: explicit path).
+            bias = ops.cast(bias, "float32")
+            if mask is not None:
+                bias = ops.where(mask, bias, -1e9)
+            return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+        return self._attend_grouped(q, k, v, mask, is_causal, scale, training, bias)
 
-    def _attend_grouped(self, q, k, v, mask, is_causal, scale, training):
+    def _attend_grouped(self, q, k, v, mask, is_causal, scale, training, bias=None):
         """Explicit attention, float32 softmax, K/V never repeated. Without
         grouping the heads keep their 4-D layout (no group axis: no extra
         head-layout copy under XLA)."""
@@ -337,6 +364,16 @@ class MultiHeadAttention(keras.layers.Layer):
             heads = "kg"  # [B, K, G, T, S] scores
         logits = ops.einsum(f"bt{heads}h,bs{heads[0]}h->b{heads}ts", q, k)
         logits = ops.cast(logits, "float32") * scale
+        if bias is not None:  # [B|1, N|1, T, S] -> the scores' layout
+            bias = ops.cast(bias, "float32")
+            if groups > 1 and bias.shape[1] == 1:
+                bias = bias[:, :, None]
+            elif groups > 1:
+                shape = ops.shape(bias)
+                bias = ops.reshape(
+                    bias, (shape[0], self.num_kv_heads, groups, shape[2], shape[3])
+                )
+            logits = logits + bias
         if is_causal:
             mask = attention_mask(t, s, causal=True)
         if mask is not None:  # [B|1, 1, T, S]
@@ -363,6 +400,7 @@ class MultiHeadAttention(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
+            attention_scale=self.attention_scale,
             fused=self.fused,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )

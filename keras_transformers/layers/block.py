@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
@@ -17,7 +18,9 @@ class TransformerBlock(keras.layers.Layer):
     """Self-attention, optional cross-attention, then a feed-forward (or MoE).
 
     Pre-norm:  `x = x + drop(f(norm(x)))`;  post-norm: `x = norm(x + drop(f(x)))`
-    for each sub-layer f. The placement of the norm is the only branch.
+    for each sub-layer f. The placement of the norm is the only branch. With
+    `layer_scale`, f's output is first multiplied by a learned per-channel
+    scale (LayerScale, as DINOv2).
 
     Args:
         num_heads: N, query heads.
@@ -32,6 +35,10 @@ class TransformerBlock(keras.layers.Layer):
         use_bias: biases in attention and feed-forward projections.
         qkv_bias: query / key / value biases; None follows `use_bias`.
         qk_norm: RMS-normalise query and key heads (see `MultiHeadAttention`).
+        layer_scale: LayerScale: a learned `[D]` scale per sub-layer
+            (`self_attention_scale`, `cross_attention_scale`,
+            `feed_forward_scale`) on its output, initialised to this value;
+            None for none.
         dropout: dropout on each sub-layer output.
         attention_dropout: dropout on attention probabilities.
         causal: causal self-attention (decoders).
@@ -39,6 +46,8 @@ class TransformerBlock(keras.layers.Layer):
         sliding_window: local causal attention span.
         rope_max_wavelength: rotary base; None for no rotary positions.
         rope_scaling_factor: rotary position interpolation.
+        attention_scale: factor on the query-key logits of both attentions;
+            None is `1 / sqrt(head_dim)` (T5: 1.0).
         feed_forward: a layer that replaces the dense feed-forward (e.g.
             `SparseMoE`); it maps `[B, T, D]` to `[B, T, D]` and may accept
             `padding_mask` and `training`.
@@ -52,6 +61,10 @@ class TransformerBlock(keras.layers.Layer):
         cache: `(key, value)` self-attention cache, each `[B, S_max, K, H]`.
         cache_index: position of the first token of `x` in the cache.
         cross_cache: `(key, value)` projected encoder states, each `[B, S, K, H]`.
+        attention_bias: additive self-attention logits bias broadcastable to
+            `[B, N, T, S]` (see `MultiHeadAttention`; e.g. a stack's
+            `RelativePositionBias`, computed once and shared by its blocks);
+            cross-attention gets none.
         training: dropout switch.
 
     Returns:
@@ -72,6 +85,7 @@ class TransformerBlock(keras.layers.Layer):
         use_bias=True,
         qkv_bias=None,
         qk_norm=False,
+        layer_scale=None,
         dropout=0.0,
         attention_dropout=0.0,
         causal=False,
@@ -79,6 +93,7 @@ class TransformerBlock(keras.layers.Layer):
         sliding_window=None,
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
+        attention_scale=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
@@ -100,6 +115,7 @@ class TransformerBlock(keras.layers.Layer):
         self.use_bias = use_bias
         self.qkv_bias = qkv_bias
         self.qk_norm = qk_norm
+        self.layer_scale = layer_scale
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.causal = causal
@@ -107,6 +123,7 @@ class TransformerBlock(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.rope_max_wavelength = rope_max_wavelength
         self.rope_scaling_factor = rope_scaling_factor
+        self.attention_scale = attention_scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         if isinstance(feed_forward, dict):
             feed_forward = keras.layers.deserialize(feed_forward)
@@ -125,6 +142,7 @@ class TransformerBlock(keras.layers.Layer):
             qk_norm=self.qk_norm,
             norm_epsilon=self.norm_epsilon,
             dropout=self.attention_dropout,
+            attention_scale=self.attention_scale,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
         )
@@ -164,10 +182,25 @@ class TransformerBlock(keras.layers.Layer):
         self.feed_forward_norm = norm("feed_forward_norm")
         self.feed_forward_norm.build(input_shape)
         self.dropout_layer = seeded_dropout(self.dropout, dtype=self.dtype_policy)
+        parts = ["self_attention", "feed_forward"]
+        parts += ["cross_attention"] if self.cross_attention else []
+        for part in parts:  # LayerScale: `{part}_scale`, found by its norm's name
+            scale = None
+            if self.layer_scale is not None:
+                scale = self.add_weight(
+                    name=part + "_scale",
+                    shape=(dim,),
+                    initializer=keras.initializers.Constant(self.layer_scale),
+                )
+            setattr(self, part + "_scale", scale)
         self.built = True
 
     def _residual(self, x, norm, sublayer, training):
         """One residual sub-layer; the norm placement is the only branch."""
+        scale = getattr(self, norm.name.replace("_norm", "_scale"))
+        if scale is not None:
+            inner = sublayer
+            sublayer = lambda h: inner(h) * ops.cast(scale, x.dtype)  # noqa: E731
         if self.norm_position == "pre":
             return x + self._dropout(sublayer(call_layer(norm, x)), training)
         return call_layer(norm, x + self._dropout(sublayer(x), training))
@@ -196,6 +229,7 @@ class TransformerBlock(keras.layers.Layer):
         cache=None,
         cache_index=None,
         cross_cache=None,
+        attention_bias=None,
         training=None,
     ):
         new_cache = []
@@ -207,6 +241,7 @@ class TransformerBlock(keras.layers.Layer):
                 key_padding_mask=padding_mask,
                 cache=cache,
                 cache_index=cache_index,
+                attention_bias=attention_bias,
                 training=training,
             )
             if cache is None:
@@ -262,6 +297,7 @@ class TransformerBlock(keras.layers.Layer):
             use_bias=self.use_bias,
             qkv_bias=self.qkv_bias,
             qk_norm=self.qk_norm,
+            layer_scale=self.layer_scale,
             dropout=self.dropout,
             attention_dropout=self.attention_dropout,
             causal=self.causal,
@@ -269,6 +305,7 @@ class TransformerBlock(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
+            attention_scale=self.attention_scale,
             feed_forward=keras.layers.serialize(self.feed_forward)
             if custom_ff
             else None,

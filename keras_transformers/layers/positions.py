@@ -1,4 +1,5 @@
-"""Position information: rotary, sinusoidal and learned embeddings."""
+"""Position information: rotary, sinusoidal and learned embeddings, and
+T5's relative position bias."""
 
 from __future__ import annotations
 
@@ -188,5 +189,125 @@ class PositionEmbedding(keras.layers.Layer):
         config.update(
             sequence_length=self.sequence_length,
             initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config
+
+
+@functools.cache
+def bucket_table(bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucket of every relative position `key - query` in
+    `[-max_distance, max_distance]` (row `max_distance + r` for `r`): `[2 *
+    max_distance + 1]` int32, in float32 arithmetic as Hugging Face's
+    `T5Attention._relative_position_bucket` (a constant: no ops per call).
+    Farther positions share the end buckets."""
+    relative = np.arange(-max_distance, max_distance + 1)
+    buckets = np.zeros_like(relative)
+    if bidirectional:  # the second half of the buckets for later keys
+        num_buckets //= 2
+        buckets += (relative > 0) * num_buckets
+        relative = np.abs(relative)
+    else:  # later keys (masked) share bucket 0
+        relative = -np.minimum(relative, 0)
+    exact = num_buckets // 2  # one bucket per distance below this
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0): unused
+        ratio = np.log(relative.astype("float32") / np.float32(exact))
+        ratio = ratio / np.float32(np.log(max_distance / exact))
+        large = exact + (ratio * (num_buckets - exact)).astype("int64")
+    large = np.minimum(large, num_buckets - 1)
+    buckets += np.where(relative < exact, relative, large)
+    return buckets.astype("int32")
+
+
+def relative_position_bucket(
+    relative_position, bidirectional, num_buckets, max_distance
+):
+    """T5's bucket of each relative position (`key - query`, an int tensor
+    of any shape): below `num_buckets // 2` (a quarter with `bidirectional`,
+    whose other half holds later keys) one bucket per distance, then
+    logarithmically wider buckets up to `max_distance`, beyond which all
+    share the last one. Causal (`bidirectional=False`): later keys share
+    bucket 0. Returns int32 buckets in `[0, num_buckets)`, the shape of
+    `relative_position`."""
+    table = bucket_table(bool(bidirectional), int(num_buckets), int(max_distance))
+    index = ops.clip(relative_position, -max_distance, max_distance) + max_distance
+    return ops.take(backend.from_numpy(table), ops.cast(index, "int32"))
+
+
+@serializable
+class RelativePositionBias(keras.layers.Layer):
+    """T5's bucketed relative position bias: a learned `[num_buckets, N]`
+    table read at the bucket of each query-key distance, added to the
+    attention logits (`attention_bias` of `MultiHeadAttention`). A model
+    computes it once per stack and hands it to every block.
+
+    Args:
+        num_heads: N, attention heads.
+        num_buckets: rows of the table (HF `relative_attention_num_buckets`).
+        max_distance: distance from which all positions share the end
+            buckets (HF `relative_attention_max_distance`).
+        bidirectional: separate buckets for earlier and later keys
+            (encoders); False for causal self-attention (decoders).
+        embeddings_initializer: initializer of the table.
+
+    Call arguments:
+        query_positions: `[T]` int positions of the queries (with a cache,
+            `cache_index + arange(T)`).
+        key_positions: `[S]` int positions of the keys (with a cache,
+            `arange(S_max)`).
+
+    Returns:
+        `[1, N, T, S]` bias, in the layer's compute dtype.
+
+    Reference:
+        Raffel et al., "Exploring the Limits of Transfer Learning with a
+        Unified Text-to-Text Transformer", 2020.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        num_buckets=32,
+        max_distance=128,
+        bidirectional=True,
+        embeddings_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.num_buckets = int(num_buckets)
+        self.max_distance = int(max_distance)
+        self.bidirectional = bool(bidirectional)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+
+    def build(self, input_shape=None, key_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.num_buckets, self.num_heads),
+            initializer=self.embeddings_initializer,
+        )
+        self.built = True
+
+    def call(self, query_positions, key_positions):
+        relative = key_positions[None, :] - query_positions[:, None]  # [T, S]
+        buckets = relative_position_bucket(
+            relative, self.bidirectional, self.num_buckets, self.max_distance
+        )
+        table = ops.cast(backend.value(self.embeddings), self.compute_dtype)
+        values = ops.take(table, buckets, axis=0)  # [T, S, N]
+        return ops.transpose(values, (2, 0, 1))[None]
+
+    def compute_output_shape(self, query_shape, key_shape):
+        return (1, self.num_heads, query_shape[0], key_shape[0])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            bidirectional=self.bidirectional,
+            embeddings_initializer=keras.initializers.serialize(
+                self.embeddings_initializer
+            ),
         )
         return config
