@@ -18,8 +18,9 @@ def count_params(config, active: bool) -> int:
         total += tokens * d + (d if v.class_token else 0)
     else:
         total += config.vocabulary_size * d
-        if config.position_embedding == "learned":
-            total += config.max_sequence_length * d
+        if config.position_embedding == "learned":  # the decoder's table too
+            tables = 2 if config.separate_decoder_positions else 1
+            total += tables * config.max_sequence_length * d
     total += config.num_segments * d
     if config.embedding_norm:  # one per stack
         total += norm * (2 if config.stacks == "encoder_decoder" else 1)

@@ -25,6 +25,7 @@ Glossary (ours -> paper / Hugging Face):
 ``qk_norm``             Qwen3's q_norm / k_norm
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
+``separate_decoder_positions`` BART's own decoder.embed_positions table
 ``moe.num_experts``     num_local_experts (Mixtral)
 ``vision.image_size``   image_size (ViT); ``patch_size``, ``num_channels`` alike
 ``vision.rescale``      rescale_factor (HF image processor)
@@ -200,6 +201,10 @@ class TransformerConfig(_Group):
             feature pair (the paper's formula) or sines in the first half of
             the features and cosines in the second (tensor2tensor, fairseq,
             Marian).
+        separate_decoder_positions: "encoder_decoder" with learned positions
+            only: the decoder has its own position table (BART's
+            `encoder.embed_positions` and `decoder.embed_positions`) instead
+            of reading the encoder's.
         rope_max_wavelength: rotary base (theta).
         rope_scaling_factor: linear position-interpolation factor for rotary.
         activation: feed-forward activation: "gelu", "gelu_approximate"
@@ -250,6 +255,7 @@ class TransformerConfig(_Group):
     pooler: bool = False
     position_embedding: str = "learned"
     sinusoidal_interleave: bool = True
+    separate_decoder_positions: bool = False
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
     activation: str = "gelu"
@@ -310,9 +316,18 @@ class TransformerConfig(_Group):
             "logits_bias",
             "scale_embeddings",
             "sinusoidal_interleave",
+            "separate_decoder_positions",
             "remat",
         ):
             _check_bool(name, getattr(self, name))
+        if self.separate_decoder_positions and (
+            self.stacks != "encoder_decoder" or self.position_embedding != "learned"
+        ):
+            _fail(
+                "separate_decoder_positions",
+                True,
+                'False unless stacks="encoder_decoder" and position_embedding="learned"',
+            )
         _check_choice(
             "position_embedding", self.position_embedding, POSITION_EMBEDDINGS
         )

@@ -24,6 +24,11 @@ PUBLISHED = {
     "llama2_7b": (6.74e9, 0.005),
     "llama2_13b": (13.0e9, 0.01),
     "llama3_8b": (8.03e9, 0.005),
+    # BART: transformers' BartForConditionalGeneration parameter count (built
+    # on the meta device, shared embedding once) less the 2 offset rows of
+    # each position table, plus final_logits_bias (a buffer there).
+    "bart_base": (139_420_416 - 2 * 2 * 768 + 50_265, 1e-9),
+    "bart_large": (406_291_456 - 2 * 2 * 1024 + 50_265, 1e-9),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {

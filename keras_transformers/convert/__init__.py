@@ -22,6 +22,7 @@ from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
 from keras_transformers.convert import (
+    bart,
     bert,
     distilbert,  # noqa: F401 (registers "distilbert")
     gemma,
@@ -86,7 +87,8 @@ def hf_preset_data(path) -> dict:
         `keras_transformers.convert.bert` (RoBERTa types:
         `keras_transformers.convert.roberta`; DistilBERT:
         `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
-        `MarianModel`, else `Seq2SeqLM`; Mixtral: `MixtralBackbone` for
+        `MarianModel` / `BartModel`, else `Seq2SeqLM`; Mixtral:
+        `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
         normalisation from `preprocessor_config.json`, see
@@ -235,7 +237,8 @@ def export_hf(model, directory, model_type=None) -> None:
     BERT-family models as "bert", or as `model_type` "roberta",
     "xlm-roberta" or "camembert" (RoBERTa layout, see
     `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
-    as "marian"; Mixtral-family models as "mixtral"; ViT-family models as "vit" (plus a
+    as "marian" (sinusoidal positions) or "bart" (learned positions);
+    Mixtral-family models as "mixtral"; ViT-family models as "vit" (plus a
     `preprocessor_config.json` when the model normalises its inputs).
 
     The export is atomic, as `save_to_preset` is: the files go to a fresh
@@ -246,7 +249,7 @@ def export_hf(model, directory, model_type=None) -> None:
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
-            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian layout); a
+            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian or BART layout); a
             `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
@@ -267,8 +270,9 @@ def export_hf(model, directory, model_type=None) -> None:
         )
     if family == "bert":
         hf, tensors = _bert_export(model, model_type)
-    elif family == "transformer":
-        hf, tensors = marian.export(model)
+    elif family == "transformer":  # learned positions: BART's layout
+        learned = backbone.config.position_embedding == "learned"
+        hf, tensors = (bart if learned else marian).export(model)
     elif family == "mixtral":
         hf, tensors = mixtral.export(model)
     elif family == "vit":

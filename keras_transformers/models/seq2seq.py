@@ -11,11 +11,13 @@ from __future__ import annotations
 from keras import ops
 
 from keras_transformers.backend import call_layer
+from keras_transformers.layers import PositionEmbedding
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
     TaskModel,
     check_padding_mask,
     check_token_ids,
+    initializer,
     make_blocks,
     run_blocks,
 )
@@ -117,6 +119,15 @@ class Seq2SeqBackbone(TextBackbone):
         self.decoder_final_norm = (
             self._norm("decoder_final_norm") if c.final_norm else None
         )
+        self.decoder_position_embedding = None
+        if c.separate_decoder_positions:  # BART: the decoder's own table
+            self.decoder_position_embedding = PositionEmbedding(
+                c.max_sequence_length,
+                initializer(c),
+                dtype=self.dtype_policy,
+                name="decoder_position_embedding",
+            )
+            self.decoder_position_embedding.build((None, None, c.hidden_dim))
 
     def call(self, inputs, training=None):
         source, source_mask, target, target_mask = unpack_seq2seq_inputs(
@@ -156,6 +167,7 @@ class Seq2SeqBackbone(TextBackbone):
             start_index=start,
             training=training,
             norm=self.decoder_embedding_norm,
+            positions=self.decoder_position_embedding,
         )
         kwargs = dict(encoder_padding_mask=encoder_padding_mask, training=training)
         if cache is None:

@@ -109,13 +109,22 @@ class TextBackbone(ConfiguredModel):
         self.embedding_dropout = seeded_dropout(c.dropout, dtype=dtype)
 
     def embed(
-        self, token_ids, segment_ids=None, start_index=0, training=None, norm=None
+        self,
+        token_ids,
+        segment_ids=None,
+        start_index=0,
+        training=None,
+        norm=None,
+        positions=None,
     ):
         """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states.
-        `norm` replaces `embedding_norm` (the seq2seq decoder has its own)."""
+        `norm` replaces `embedding_norm` (the seq2seq decoder has its own),
+        `positions` replaces `position_embedding` (a seq2seq decoder's own
+        table, `separate_decoder_positions`)."""
         x = call_layer(self.token_embedding, token_ids)
-        if self.position_embedding is not None:
-            x = x + call_layer(self.position_embedding, x, start_index=start_index)
+        positions = positions or self.position_embedding
+        if positions is not None:
+            x = x + call_layer(positions, x, start_index=start_index)
         if self.segment_embedding is not None:
             if segment_ids is None:
                 segment_ids = keras.ops.zeros_like(token_ids)
