@@ -14,8 +14,8 @@ def count_params(config, active: bool) -> int:
     if config.vision is not None:
         v = config.vision
         total += v.patch_size**2 * v.num_channels * d + d
-        tokens = v.num_patches + int(v.class_token)
-        total += tokens * d + (d if v.class_token else 0)
+        tokens = v.num_patches + v.num_prefix_tokens  # position table rows
+        total += tokens * d + v.num_prefix_tokens * d  # + the tokens themselves
     else:
         total += config.vocabulary_size * d
         if config.position_embedding == "learned":  # the decoder's table too
@@ -24,13 +24,13 @@ def count_params(config, active: bool) -> int:
     total += config.num_segments * d
     if config.embedding_norm:  # one per stack
         total += norm * (2 if config.stacks == "encoder_decoder" else 1)
-    # Blocks.
-    attention = _attention_params(config)
+    # Blocks (LayerScale: one `[D]` scale per residual branch).
+    scale = d if config.layer_scale is not None else 0
+    attention = _attention_params(config) + scale
     if config.stacks == "encoder_decoder":
-        encoder = config.num_layers * (attention + _ffn_params(config) + 2 * norm)
-        decoder = config.resolved_num_decoder_layers * (
-            2 * attention + _ffn_params(config) + 3 * norm
-        )
+        ffn = _ffn_params(config) + scale
+        encoder = config.num_layers * (attention + ffn + 2 * norm)
+        decoder = config.resolved_num_decoder_layers * (2 * attention + ffn + 3 * norm)
         total += encoder + decoder
         if config.final_norm:
             total += 2 * norm
@@ -38,6 +38,7 @@ def count_params(config, active: bool) -> int:
         for i in range(config.num_layers):
             moe = config.moe_layer(i)
             ffn = _moe_params(config, active) if moe else _ffn_params(config)
+            ffn += scale
             total += attention + 2 * norm + ffn
         if config.final_norm:
             total += norm
@@ -76,3 +77,14 @@ def _moe_params(config, active: bool) -> int:
     experts = moe.num_experts_per_token if active else moe.num_experts
     router = config.hidden_dim * moe.num_experts
     return router + (experts + moe.num_shared_experts) * expert
+
+
+def classifier_params(config, num_classes: int, distillation_head=False) -> int:
+    """Parameters of an image classifier's head (`ViTClassifier`): a dense
+    layer with bias from the pooled width (`2 * hidden_dim` for
+    `vision.pooling="token_and_mean"`) to `num_classes`, plus DeiT's
+    `distillation_head` (`[hidden_dim, num_classes]` and a bias)."""
+    d = config.hidden_dim
+    pair = config.vision is not None and config.vision.pooling == "token_and_mean"
+    width = 2 * d if pair else d
+    return (width + 1 + (d + 1 if distillation_head else 0)) * num_classes

@@ -30,6 +30,8 @@ Glossary (ours -> paper / Hugging Face):
 ``vision.image_size``   image_size (ViT); ``patch_size``, ``num_channels`` alike
 ``vision.rescale``      rescale_factor (HF image processor)
 ``vision.mean / std``   image_mean / image_std (HF image processor)
+``vision.distillation_token`` DeiT's distillation_token
+``layer_scale``         layerscale_value (DINOv2's layer_scale1 / layer_scale2)
 ``pooler``              ViT's pre-logits layer / HF ViTModel's pooler
 ``remat``               gradient_checkpointing (HF: a training argument)
 =====================  ==========================================================
@@ -57,7 +59,7 @@ NORM_TYPES = ("layer", "rms")
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "none")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
 DISPATCH_MODES = ("sparse", "dense")
-POOLINGS = ("token", "mean")
+POOLINGS = ("token", "mean", "token_and_mean")
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,13 @@ class VisionConfig(_Group):
         num_channels: input channels (3 for RGB, 1 for grey).
             The model's token count follows the images it is given
             (`max_sequence_length` does not apply to image models).
-        pooling: "token" (class token) or "mean" (mean over patch tokens).
+        pooling: "token" (class token), "mean" (mean over patch tokens) or
+            "token_and_mean" (both concatenated, `[B, 2 * D]`: the input of
+            HF Dinov2ForImageClassification's head).
         class_token: prepend a learned class token.
+        distillation_token: a second learned token after the class token
+            (DeiT's distillation token; its position embedding is the
+            table's second row). Needs `class_token`.
         rescale: input pixels are multiplied by this first (1/255 for a
             model that takes raw 0..255 pixels; 1.0 for prepared inputs).
         mean: per-channel (or one) value subtracted after `rescale`; None = 0.
@@ -142,6 +149,7 @@ class VisionConfig(_Group):
     num_channels: int = 3
     pooling: str = "token"
     class_token: bool = True
+    distillation_token: bool = False
     rescale: float = 1.0
     mean: tuple | None = None
     std: tuple | None = None
@@ -158,8 +166,11 @@ class VisionConfig(_Group):
         _check_int("vision.num_channels", self.num_channels, 1)
         _check_choice("vision.pooling", self.pooling, POOLINGS)
         _check_bool("vision.class_token", self.class_token)
-        if self.pooling == "token" and not self.class_token:
+        _check_bool("vision.distillation_token", self.distillation_token)
+        if self.pooling != "mean" and not self.class_token:
             _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
+        if self.distillation_token and not self.class_token:
+            _fail("vision.distillation_token", True, "False when class_token=False")
         _check_float("vision.rescale", self.rescale, 1e-12)
         for name in ("mean", "std"):
             values = _check_numbers(
@@ -172,6 +183,11 @@ class VisionConfig(_Group):
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Learned tokens before the patches (class, distillation)."""
+        return int(self.class_token) + int(self.distillation_token)
 
 
 @dataclass(frozen=True)
@@ -217,6 +233,10 @@ class TransformerConfig(_Group):
         qk_norm: an RMSNorm over each head's H features (weights `[H]`,
             `norm_epsilon`) on queries and keys before rotary positions
             (Qwen3's `q_norm` / `k_norm`).
+        layer_scale: LayerScale: each block multiplies the output of each
+            residual branch (attention, feed-forward) by a learned
+            per-channel scale `[D]` before adding it, initialised to this
+            value (DINOv2's `layerscale_value`); None = no scale.
         tie_embeddings: share input embedding and output projection (for
             "encoder_decoder": encoder, decoder and output share one matrix).
         logits_bias: a learned bias on the output logits (Marian's
@@ -263,6 +283,7 @@ class TransformerConfig(_Group):
     use_bias: bool = True
     qkv_bias: bool = False
     qk_norm: bool = False
+    layer_scale: float | None = None
     tie_embeddings: bool = True
     logits_bias: bool = False
     scale_embeddings: bool = False
@@ -331,6 +352,8 @@ class TransformerConfig(_Group):
         _check_choice(
             "position_embedding", self.position_embedding, POSITION_EMBEDDINGS
         )
+        if self.layer_scale is not None:
+            _check_float("layer_scale", self.layer_scale, 0.0)
         _check_float("rope_max_wavelength", self.rope_max_wavelength, 1.0)
         _check_float("rope_scaling_factor", self.rope_scaling_factor, 1e-9)
         _check_choice("activation", self.activation, ACTIVATIONS)

@@ -11,12 +11,17 @@ import pytest
 
 import keras_transformers as kt
 from keras_transformers import preset_io
+from keras_transformers._param_count import classifier_params
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = kt.list_presets()
 
 # Published sizes: name -> (params, relative tolerance)
 PUBLISHED = {
+    # transformers' Dinov2Model counted on the meta device, less its
+    # embeddings.mask_token (D), which is not loaded.
+    "dinov2_small": (22_056_576 - 384, 1e-9),
+    "dinov2_base": (86_580_480 - 768, 1e-9),
     "gpt2_small": (124e6, 0.01),
     "gpt2_medium": (355e6, 0.01),
     "gpt2_large": (774e6, 0.01),
@@ -32,6 +37,8 @@ PUBLISHED = {
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {
+    # transformers' DeiTForImageClassificationWithTeacher on the meta device.
+    "deit_base_distilled_16": (87_338_192, 1e-9),
     "vit_tiny_16": (5.7e6, 0.01),
     "vit_small_16": (22e6, 0.01),
     "vit_base_16": (86e6, 0.01),
@@ -69,8 +76,10 @@ def test_preset_validates_and_params_match(name):
     if name in PUBLISHED:
         expected, tol = PUBLISHED[name]
         assert abs(config.num_params() - expected) / expected < tol
-    if "num_classes" in data.get("task", {}):  # classifier head: (D + 1) * classes
-        head = (config.hidden_dim + 1) * data["task"]["num_classes"]
+    if "num_classes" in data.get("task", {}):  # classifier head(s)
+        task = data["task"]
+        distilled = task.get("distillation_head", False)
+        head = classifier_params(config, task["num_classes"], distilled)
         assert data["metadata"]["params_with_head"] == config.num_params() + head
     if name in PUBLISHED_WITH_HEAD:
         expected, tol = PUBLISHED_WITH_HEAD[name]

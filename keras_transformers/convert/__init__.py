@@ -24,6 +24,8 @@ from keras_transformers._json import read_json_object
 from keras_transformers.convert import (
     bart,
     bert,
+    deit,
+    dinov2,
     distilbert,  # noqa: F401 (registers "distilbert")
     gemma,
     gpt2,
@@ -92,7 +94,8 @@ def hf_preset_data(path) -> dict:
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
         normalisation from `preprocessor_config.json`, see
-        `keras_transformers.convert.vit`).
+        `keras_transformers.convert.vit`; DeiT and DINOv2:
+        `keras_transformers.convert.deit`, `.dinov2`).
 
     Raises:
         ValueError: unknown `model_type`, or an option we cannot convert.
@@ -211,6 +214,17 @@ def _gpt_converter(config, model_type=None):
     return llama
 
 
+def _vit_converter(config, model_type=None):
+    """The converter a ViT-family `config` exports with: `model_type` when
+    given; else deit (`vision.distillation_token`), dinov2 (`layer_scale`)
+    or vit."""
+    if model_type is not None:
+        return _converter_of_family(model_type, "vit")
+    if config.vision.distillation_token:
+        return deit
+    return dinov2 if config.layer_scale is not None else vit
+
+
 def _bert_export(model, model_type=None):
     """`(hf config, tensors)` of a BERT-family model as `model_type`
     (None: "bert")."""
@@ -238,8 +252,9 @@ def export_hf(model, directory, model_type=None) -> None:
     "xlm-roberta" or "camembert" (RoBERTa layout, see
     `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
     as "marian" (sinusoidal positions) or "bart" (learned positions);
-    Mixtral-family models as "mixtral"; ViT-family models as "vit" (plus a
-    `preprocessor_config.json` when the model normalises its inputs).
+    Mixtral-family models as "mixtral"; ViT-family models as "vit", "deit"
+    (with `vision.distillation_token`) or "dinov2" (with `layer_scale`),
+    plus a `preprocessor_config.json` when the model normalises its inputs.
 
     The export is atomic, as `save_to_preset` is: the files go to a fresh
     sibling directory that replaces `directory` once complete, so a killed
@@ -254,8 +269,8 @@ def export_hf(model, directory, model_type=None) -> None:
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
             must be empty or hold a `config.json`).
-        model_type: for a GPT- or BERT-family model, the Hugging Face
-            `model_type` to write (None: chosen from the config as above).
+        model_type: for a GPT-, BERT- or ViT-family model, the Hugging
+            Face `model_type` to write (None: chosen from the config as above).
 
     Raises:
         ValueError: the model has options the target format cannot express,
@@ -263,9 +278,10 @@ def export_hf(model, directory, model_type=None) -> None:
     """
     backbone = getattr(model, "backbone", model)
     family = getattr(backbone, "family", None)
-    if model_type is not None and family not in ("gpt", "bert"):
+    if model_type is not None and family not in ("gpt", "bert", "vit"):
         raise ValueError(
-            f"model_type={model_type!r} applies to GPT- and BERT-family models only; "
+            f"model_type={model_type!r} applies to GPT-, BERT- and ViT-family models "
+            "only; "
             f"{type(model).__name__} exports in its own format (model_type=None)."
         )
     if family == "bert":
@@ -276,7 +292,7 @@ def export_hf(model, directory, model_type=None) -> None:
     elif family == "mixtral":
         hf, tensors = mixtral.export(model)
     elif family == "vit":
-        hf, tensors = vit.export(model)
+        hf, tensors = _vit_converter(backbone.config, model_type).export(model)
     elif family == "gpt":
         config = backbone.config
         module = _gpt_converter(config, model_type)

@@ -1,4 +1,7 @@
-"""Hugging Face ViT (`model_type: "vit"`) <-> the vit family.
+"""Hugging Face ViT (`model_type: "vit"`) <-> the vit family, and the
+mapping of the ViT layout that `deit` and `dinov2` share (each of them
+passes its converter module as `spec`, see `keras_transformers.convert.deit`
+and `.dinov2`).
 
 `ViTModel` loads as `ViTBackbone`, with `pooler=True` when the file has
 `pooler.dense` (HF's tanh pre-logits layer, saved unless
@@ -12,13 +15,12 @@ final norm, without a pooler); other architectures (e.g.
   convolution) -> `patch_embedding.kernel` `[p, p, C, D]`;
 - `embeddings.cls_token` `[1, 1, D]` -> `patch_embedding.class_token` `[D]`;
 - `embeddings.position_embeddings` `[1, 1 + P, D]` -> `position_embeddings`
-  `[1 + P, D]`, resized bicubically over the patch grid (class token kept,
-  the numbers of HF's `interpolate_pos_encoding=True`) when `image_size` is
-  overridden, e.g. `ViTClassifier.from_preset(path, image_size=384)`;
-- `encoder.layer.{i}.`: `attention.attention.{query,key,value}` and
-  `attention.output.dense` (self-attention), `intermediate.dense` and
-  `output.dense` (feed-forward), `layernorm_before` / `layernorm_after`
-  (the pre-norms `self_attention_norm` / `feed_forward_norm`);
+  `[1 + P, D]`, resized bicubically over the patch grid (prefix tokens
+  kept, the numbers of HF's `interpolate_pos_encoding=True`) when
+  `image_size` is overridden, e.g. `ViTClassifier.from_preset(path,
+  image_size=384)`;
+- `encoder.layer.{i}.` + `LAYER`: self-attention, feed-forward and the
+  pre-norms `self_attention_norm` / `feed_forward_norm`;
 - `layernorm` -> `final_norm`, `pooler.dense` -> `pooler`, `classifier`.
 
 PyTorch `Linear` weights are `[out, in]`; ours are `[in, out]` (split into
@@ -40,10 +42,9 @@ multiple of the patch size: positions are then interpolated). Export writes
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 
@@ -59,11 +60,18 @@ from keras_transformers.convert.common import (
     load_layer,
     write,
 )
+from keras_transformers.convert.image_processor import (  # noqa: F401 (API)
+    PROCESSOR_DEFAULTS,
+    fit_directory,
+    preprocessor_config,
+    write_preprocessor,
+)
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "vit"
 FAMILY = "vit"
+TITLE = "ViT"  # in messages
 PREFIXES = ("vit.", "")
 # The tensor (under one of PREFIXES) that marks a checkpoint of this type.
 PROBE = "embeddings.cls_token"
@@ -72,15 +80,6 @@ CLASSES = {  # HF architecture -> ours; export inverts it
     "ViTForImageClassification": "ViTClassifier",
 }
 ARCHITECTURES = {v: k for k, v in CLASSES.items()}
-PREPROCESSOR = "preprocessor_config.json"
-# ViTImageProcessor's defaults (IMAGENET_STANDARD_MEAN / _STD).
-PROCESSOR_DEFAULTS = dict(
-    do_rescale=True,
-    rescale_factor=1 / 255,
-    do_normalize=True,
-    image_mean=[0.5, 0.5, 0.5],
-    image_std=[0.5, 0.5, 0.5],
-)
 FIELDS = {  # HF key -> (our field, HF default); the default's type is the type
     "hidden_size": ("hidden_dim", 768),
     "num_hidden_layers": ("num_layers", 12),
@@ -92,6 +91,18 @@ FIELDS = {  # HF key -> (our field, HF default); the default's type is the type
     "initializer_range": ("initializer_range", 0.02),
 }
 SIZES = {"image_size": 224, "patch_size": 16, "num_channels": 3}  # HF defaults
+# Our part of an encoder block -> its HF name under `encoder.layer.{i}.`.
+LAYER = dict(
+    query="attention.attention.query",
+    key="attention.attention.key",
+    value="attention.attention.value",
+    output="attention.output.dense",
+    intermediate="intermediate.dense",
+    out="output.dense",
+    self_attention_norm="layernorm_before",
+    feed_forward_norm="layernorm_after",
+)
+TOKENS = ("cls_token", "distillation_token")  # HF names of the prefix tokens
 ENCODER = dict(  # the layout of every ViT checkpoint
     vocabulary_size=0,
     stacks="encoder",
@@ -108,42 +119,59 @@ ENCODER = dict(  # the layout of every ViT checkpoint
     num_segments=0,
     sliding_window=None,
     moe=None,
+    layer_scale=None,
 )
-TOKEN = dict(pooling="token", class_token=True)  # HF ViT reads the class token
+TOKEN = dict(pooling="token", class_token=True, distillation_token=False)
 
 
-def _architecture(hf: dict) -> str | None:
-    return next((a for a in hf.get("architectures") or () if a in CLASSES), None)
+def _architecture(hf: dict, spec) -> str | None:
+    return next((a for a in hf.get("architectures") or () if a in spec.CLASSES), None)
 
 
-def _side(hf: dict, key: str) -> int:
+def _side(hf: dict, key: str, spec) -> int:
     """`image_size` / `patch_size` as one int (HF also allows `[h, w]`)."""
-    value = hf.get(key, SIZES[key])
+    value = hf.get(key, spec.SIZES[key])
     if isinstance(value, (list, tuple)):
         if len(set(value)) != 1:
             raise ValueError(
-                f"ViT config has {key}={value}: a non-square {key.split('_')[0]}, "
-                "which keras_transformers does not support (square images and "
-                "patches only)."
+                f"{spec.TITLE} config has {key}={value}: a non-square "
+                f"{key.split('_')[0]}, which keras_transformers does not support "
+                "(square images and patches only)."
             )
         value = value[0]
     return int(value)
 
 
-def _check(hf: dict) -> None:
-    """Raises ValueError for ViT options we cannot reproduce."""
+def encoder_fields(hf: dict, spec) -> dict:
+    """The TransformerConfig fields every ViT-layout type shares: sizes
+    (`spec.FIELDS`, `spec.SIZES`), activation and `ENCODER`'s layout.
+
+    Raises:
+        ValueError: `qkv_bias=False`, an unknown `hidden_act`, or a
+            non-square `image_size` / `patch_size`.
+    """
     if not hf.get("qkv_bias", True):
         raise ValueError(
-            "ViT config has qkv_bias=False (no query/key/value biases), which "
-            "keras_transformers does not support: its `use_bias` covers every "
-            "projection. Only checkpoints with qkv_bias=True convert."
+            f"{spec.TITLE} config has qkv_bias=False (no query/key/value biases), "
+            "which keras_transformers does not support: its `use_bias` covers "
+            "every projection. Only checkpoints with qkv_bias=True convert."
         )
     activation = hf.get("hidden_act", "gelu")
     if activation not in ACTIVATIONS:
         raise ValueError(
-            f"ViT hidden_act={activation!r} is not supported. "
+            f"{spec.TITLE} hidden_act={activation!r} is not supported. "
             f"Supported: {sorted(ACTIVATIONS)}."
         )
+    fields = {ours: type(d)(hf.get(k, d)) for k, (ours, d) in spec.FIELDS.items()}
+    heads, width = fields["num_heads"], fields["hidden_dim"]
+    head_dim = hf.get("head_dim")  # none in the configs: hidden_size / heads
+    return dict(
+        ENCODER,
+        **fields,
+        head_dim=None if head_dim in (None, width // heads) else int(head_dim),
+        activation=ACTIVATIONS[activation],
+        vision={key: _side(hf, key, spec) for key in SIZES},
+    )
 
 
 @register_converter(MODEL_TYPE)
@@ -154,107 +182,86 @@ def config_from_hf(hf: dict) -> dict:
         ValueError: `qkv_bias=False`, an unknown `hidden_act`, or a
             non-square `image_size` / `patch_size`.
     """
-    _check(hf)
-    fields = {ours: type(d)(hf.get(k, d)) for k, (ours, d) in FIELDS.items()}
-    heads, width = fields["num_heads"], fields["hidden_dim"]
-    head_dim = hf.get("head_dim")  # ViTConfig has none: hidden_size / heads
-    vision = {key: _side(hf, key) for key in SIZES}
-    return dict(
-        ENCODER,
-        **fields,
-        head_dim=None if head_dim in (None, width // heads) else int(head_dim),
-        activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
-        pooler=_architecture(hf) == "ViTModel",  # add_pooling_layer=True
-        vision=dict(vision, **TOKEN),
-    )
+    fields = encoder_fields(hf, _THIS)
+    pooler = _architecture(hf, _THIS) == "ViTModel"  # add_pooling_layer=True
+    return dict(fields, pooler=pooler, vision=dict(fields["vision"], **TOKEN))
 
 
-def preset_data(hf: dict) -> dict:
+def preset_data(hf: dict, spec=None) -> dict:
     """`{"family", "class_name", "config"}`, plus `"task"` (`num_classes`,
-    `classifier_dropout`) for `ViTForImageClassification`."""
-    name = CLASSES.get(_architecture(hf), "ViTBackbone")
-    data = {"family": FAMILY, "class_name": name, "config": config_from_hf(hf)}
-    if name == "ViTClassifier":  # HF ViT has no classifier dropout
+    `classifier_dropout`) for a classifier checkpoint (`spec.CLASSES`)."""
+    spec = spec or _THIS
+    name = spec.CLASSES.get(_architecture(hf, spec), "ViTBackbone")
+    data = {"family": FAMILY, "class_name": name, "config": spec.config_from_hf(hf)}
+    if name == "ViTClassifier":  # HF's heads have no dropout
         data["task"] = {"num_classes": num_labels(hf), "classifier_dropout": 0.0}
     return data
 
 
-def fit_directory(fields: dict, directory) -> dict:
-    """`fields` with the input normalisation of `directory`'s
-    `preprocessor_config.json` (ViTImageProcessor keys, its defaults where
-    a key is absent) in `vision.rescale` / `mean` / `std`; unchanged when
-    there is no such file."""
-    file = Path(directory) / PREPROCESSOR
-    if not file.exists():
-        return fields
-    processor = {**PROCESSOR_DEFAULTS, **json.loads(file.read_text())}
-    vision = dict(fields["vision"])
-    if processor["do_rescale"]:
-        vision["rescale"] = float(processor["rescale_factor"])
-    if processor["do_normalize"]:
-        vision["mean"] = processor["image_mean"]
-        vision["std"] = processor["image_std"]
-    return {**fields, "vision": vision}
-
-
-def fit_config(fields: dict, checkpoint, cls) -> dict:
+def fit_config(fields: dict, checkpoint, cls, spec=None) -> dict:
     """A pooler when the checkpoint has its weights (a `ViTModel` may be
     saved without), never for `ViTClassifier` (HF's reads no pooler)."""
     pooler = fields["pooler"]
     if checkpoint is not None:
-        pooler = any(p + "pooler.dense.weight" in checkpoint for p in PREFIXES)
+        prefixes = (spec or _THIS).PREFIXES
+        pooler = any(p + "pooler.dense.weight" in checkpoint for p in prefixes)
     return {**fields, "pooler": pooler and cls.__name__ != "ViTClassifier"}
 
 
-def _block(block) -> list[tuple]:
-    """(layer, HF name, kernel shape) of one encoder layer."""
-    names = dict(
-        query="attention.query",
-        key="attention.key",
-        value="attention.value",
-        output="output.dense",
-    )
-    out = [
-        (layer, "attention." + names[role], shape)
-        for role, (layer, shape) in attention_parts(block.self_attention).items()
-    ]
+def head_layers(model) -> list[tuple]:
+    """(layer, HF name) of a `ViTClassifier`'s heads."""
+    return [(model.classifier, "classifier")]
+
+
+def _block(block, names: dict) -> list[tuple]:
+    """(layer, HF name, kernel shape) of one encoder layer; parts whose
+    name is None are left to the caller."""
+    parts = {k: v for k, v in attention_parts(block.self_attention).items()}
     ffn = block.feed_forward
-    out += [(ffn.inner_dense, "intermediate.dense", None)]
-    out += [(ffn.output_dense, "output.dense", None)]
-    out += [(block.self_attention_norm, "layernorm_before", None)]
-    return out + [(block.feed_forward_norm, "layernorm_after", None)]
+    parts.update(intermediate=(ffn.inner_dense, None), out=(ffn.output_dense, None))
+    parts["self_attention_norm"] = (block.self_attention_norm, None)
+    parts["feed_forward_norm"] = (block.feed_forward_norm, None)
+    return [(x, names[k], s) for k, (x, s) in parts.items() if names.get(k)]
 
 
-def _entries(model, p: str, head: bool) -> list[tuple]:
+def _entries(model, p: str, head: bool, spec) -> list[tuple]:
     """(layer, HF name, kernel shape, transposed) of `model`'s layers (the
     patch embedding aside): the backbone under prefix `p`, its pooler, and
-    the classifier if `head`."""
+    the heads if `head`."""
     backbone = getattr(model, "backbone", model)
+    names = spec.layer_names(backbone.config) if hasattr(spec, "layer_names") else LAYER
     out = []
     for i, block in enumerate(backbone.blocks):
-        out += [(x, f"{p}encoder.layer.{i}.{n}", s) for x, n, s in _block(block)]
+        out += [(x, f"{p}encoder.layer.{i}.{n}", s) for x, n, s in _block(block, names)]
     out.append((backbone.final_norm, p + "layernorm", None))
     if backbone.pooler is not None:
         out.append((backbone.pooler, p + "pooler.dense", None))
     if head:
-        out.append((model.classifier, "classifier", None))
+        out += [(x, name, None) for x, name in spec.head_layers(model)]
     return [(x, n, s, hasattr(x, "kernel")) for x, n, s in out]  # Linear: [out, in]
 
 
+def _tokens(patch) -> list:
+    """The patch embedding's prefix token variables, in `TOKENS` order."""
+    tokens = [patch.class_embedding] if patch.class_token else []
+    return tokens + ([patch.distillation_embedding] if patch.distillation_token else [])
+
+
 def _load_positions(patch, value: np.ndarray, name: str) -> None:
-    """`[1, 1 + h*w, D]` positions -> `patch.position_embeddings`, resized
-    from the checkpoint's square `h x w` grid to `patch.grid`."""
+    """`[1, prefix + h*w, D]` positions -> `patch.position_embeddings`,
+    resized from the checkpoint's square `h x w` grid to `patch.grid`."""
     rows, width = patch.position_embeddings.shape
+    prefix = patch.num_prefix_tokens
     table = value[0] if value.ndim == 3 and value.shape[0] == 1 else value
-    side = math.isqrt(max(table.shape[0] - 1, 0))
-    if table.ndim == 2 and side * side == table.shape[0] - 1 and table.shape[0] != rows:
-        table = resize_grid(table.astype("float32"), (side, side), patch.grid, 1)
+    side = math.isqrt(max(table.shape[0] - prefix, 0))
+    if table.ndim == 2 and side**2 == table.shape[0] - prefix and len(table) != rows:
+        table = resize_grid(table.astype("float32"), (side, side), patch.grid, prefix)
     check_shape(table, (rows, width), name, patch.position_embeddings.path)
     write(patch.position_embeddings, table)
 
 
 def _load_embeddings(patch, get, e: str) -> None:
-    """The patch projection, class token and positions under prefix `e`."""
+    """The patch projection, prefix tokens and positions under prefix `e`."""
     name = e + "patch_embeddings.projection.weight"
     p, _, c, d = patch.kernel.shape
     kernel = get(name)
@@ -262,35 +269,37 @@ def _load_embeddings(patch, get, e: str) -> None:
     write(patch.kernel, kernel.transpose(2, 3, 1, 0))  # [p, p, C, D]
     bias = e + "patch_embeddings.projection.bias"
     assign(patch.bias, get(bias), bias)
-    token = e + "cls_token"
-    assign(patch.class_embedding, get(token), token, shape=(1, 1, d))
+    for variable, token in zip(_tokens(patch), TOKENS):
+        assign(variable, get(e + token), e + token, shape=(1, 1, d))
     _load_positions(patch, get(e + "position_embeddings"), e + "position_embeddings")
 
 
-def _check_pooler(hf: dict) -> None:
+def _check_pooler(hf: dict, spec) -> None:
     """Our pooler is a `[D, D]` tanh dense layer; HF's may differ."""
     act, size = hf.get("pooler_act", "tanh"), hf.get("pooler_output_size")
     if act != "tanh" or size not in (None, hf.get("hidden_size", 768)):
         raise ValueError(
-            f"ViT config has pooler_act={act!r}, pooler_output_size={size}: "
+            f"{spec.TITLE} config has pooler_act={act!r}, pooler_output_size={size}: "
             "keras_transformers' pooler is tanh with hidden_size outputs. Load the "
             "checkpoint as ViTClassifier, which has no pooler."
         )
 
 
-def load_model_weights(model, checkpoint, hf: dict) -> None:
-    """Copies a ViT checkpoint into `model` (`ViTBackbone` or
-    `ViTClassifier`). A classifier the checkpoint lacks, or has at another
-    width, stays new (with a warning)."""
+def load_model_weights(model, checkpoint, hf: dict, spec=None) -> str:
+    """Copies a ViT-layout checkpoint into `model` (`ViTBackbone` or
+    `ViTClassifier`) and returns the tensor prefix of its encoder. Heads
+    the checkpoint lacks, or has at another width, stay new (with a
+    warning)."""
+    spec = spec or _THIS
     backbone = getattr(model, "backbone", model)
-    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
+    p = checkpoint.prefix(spec.PREFIXES, spec.PROBE, spec.MODEL_TYPE)
     if backbone.pooler is not None:
-        _check_pooler(hf)
-    head = model is not backbone
-    same = CLASSES.get(_architecture(hf)) == "ViTClassifier"
-    new = head and not (same and num_labels(hf) == model.num_classes)
+        _check_pooler(hf, spec)
+    heads = spec.head_layers(model) if model is not backbone else []
+    stored = all(name + ".weight" in checkpoint for _, name in heads)
+    new = bool(heads) and not (stored and num_labels(hf) == model.num_classes)
     _load_embeddings(backbone.patch_embedding, checkpoint.get, p + "embeddings.")
-    for x, name, shape, transposed in _entries(model, p, head and not new):
+    for x, name, shape, transposed in _entries(model, p, bool(heads) and not new, spec):
         load_layer(x, checkpoint.get, name, shape=shape, transpose=transposed)
     if new:
         warnings.warn(
@@ -299,66 +308,42 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
             "train before use.",
             stacklevel=3,
         )
+    return p
 
 
-def hf_config(config) -> dict:
-    """The HF `config.json` dict (without `architectures`) for `config`."""
+def hf_fields(config, spec) -> dict:
+    """The `config.json` keys every ViT-layout type shares, after checking
+    that `config` has the layout (`ENCODER` and `spec.TOKEN`; `spec.FREE`
+    names the fields the type checks itself)."""
     mha = dict(  # plain multi-head attention, head_dim = hidden_dim / num_heads
         resolved_num_kv_heads=config.num_heads,
         resolved_head_dim=config.hidden_dim // config.num_heads,
     )
-    check_exportable(config, {**ENCODER, **mha}, MODEL_TYPE)
-    check_exportable(config.vision, TOKEN, MODEL_TYPE)
+    free = getattr(spec, "FREE", ())
+    required = {k: v for k, v in {**ENCODER, **mha}.items() if k not in free}
+    check_exportable(config, required, spec.MODEL_TYPE)
+    check_exportable(config.vision, spec.TOKEN, spec.MODEL_TYPE)
     activation = dict(gelu="gelu", gelu_approximate="gelu_new")
     v = config.vision
     return {
-        **{k: getattr(config, ours) for k, (ours, _) in FIELDS.items()},
-        "model_type": MODEL_TYPE,
+        **{k: getattr(config, ours) for k, (ours, _) in spec.FIELDS.items()},
+        "model_type": spec.MODEL_TYPE,
         "hidden_act": activation.get(config.activation, config.activation),
         "image_size": v.image_size,
         "patch_size": v.patch_size,
         "num_channels": v.num_channels,
         "qkv_bias": True,
-        "encoder_stride": v.patch_size,  # ViTForMaskedImageModeling's upsampling
+    }
+
+
+def hf_config(config, spec=None) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`."""
+    return {
+        **hf_fields(config, spec or _THIS),
+        "encoder_stride": config.vision.patch_size,  # masked-image upsampling
         "pooler_act": "tanh",
         "pooler_output_size": config.hidden_dim,
     }
-
-
-def preprocessor_config(config) -> dict | None:
-    """The `preprocessor_config.json` dict (ViTImageProcessor) of
-    `config.vision`'s normalisation, or None when it is the identity. It
-    resizes to `image_size` (bilinear, the processor's default)."""
-    v = config.vision
-    if v.rescale == 1.0 and v.mean is None and v.std is None:
-        return None
-
-    def per_channel(values, default):
-        values = list(values or (default,))
-        return values * v.num_channels if len(values) == 1 else values
-
-    normalize = v.mean is not None or v.std is not None
-    return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": v.image_size, "width": v.image_size},
-        "do_rescale": v.rescale != 1.0,
-        "rescale_factor": v.rescale,
-        "do_normalize": normalize,
-        "image_mean": per_channel(v.mean, 0.0),
-        "image_std": per_channel(v.std, 1.0),
-    }
-
-
-def write_preprocessor(config, directory) -> None:
-    """Writes `preprocessor_config.json` to `directory` when `config`
-    normalises its inputs (see `preprocessor_config`)."""
-    processor = preprocessor_config(config)
-    if processor is not None:
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(processor, indent=2, sort_keys=True) + "\n"
-        (path / PREPROCESSOR).write_text(text)
 
 
 def _export_embeddings(out: dict, patch, e: str) -> None:
@@ -367,36 +352,48 @@ def _export_embeddings(out: dict, patch, e: str) -> None:
     kernel = fetch(patch.kernel)  # [p, p, C, D]
     out[e + "patch_embeddings.projection.weight"] = kernel.transpose(3, 2, 0, 1)
     out[e + "patch_embeddings.projection.bias"] = fetch(patch.bias)
-    out[e + "cls_token"] = fetch(patch.class_embedding, shape=(1, 1, d))
+    for variable, token in zip(_tokens(patch), TOKENS):
+        out[e + token] = fetch(variable, shape=(1, 1, d))
     rows = patch.position_embeddings.shape[0]
     out[e + "position_embeddings"] = fetch(
         patch.position_embeddings, shape=(1, rows, d)
     )
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
+def architecture(model) -> str:
+    """The HF class `model` exports as."""
+    cls = type(model).__name__
+    if cls not in ARCHITECTURES:
+        raise ValueError(f"{cls} has no Hugging Face ViT counterpart.")
+    return ARCHITECTURES[cls]
+
+
+def export(model, spec=None) -> tuple[dict, dict[str, np.ndarray]]:
     """`(config.json dict, tensors)` of a ViT-family model as its HF class
-    (`ViTModel` or `ViTForImageClassification`).
+    (`ViTModel` or `ViTForImageClassification`; `spec.architecture`).
 
     Raises:
         ValueError: an unknown class, a `ViTClassifier` with a pooler, or a
             config HF ViT cannot express (mean pooling, no class token, RMS
             norm, post-norm, gated feed-forward, GQA, no biases, ...).
     """
-    cls, backbone = type(model).__name__, getattr(model, "backbone", model)
-    if cls not in ARCHITECTURES:
-        raise ValueError(f"{cls} has no Hugging Face ViT counterpart.")
-    if cls == "ViTClassifier" and backbone.pooler is not None:
+    spec = spec or _THIS
+    backbone = getattr(model, "backbone", model)
+    name = spec.architecture(model)
+    if model is not backbone and backbone.pooler is not None:
         raise ValueError(
-            "ViTForImageClassification classifies the class token without a "
-            "pooler, but this ViTClassifier has one (config.pooler=True)."
+            f"{name} classifies without a pooler, but this ViTClassifier has "
+            "one (config.pooler=True)."
         )
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURES[cls]]}
-    p, out = ("" if model is backbone else "vit."), {}
+    hf = {**spec.hf_config(backbone.config), "architectures": [name]}
+    p, out = ("" if model is backbone else spec.PREFIXES[0]), {}
     _export_embeddings(out, backbone.patch_embedding, p + "embeddings.")
-    for x, name, shape, transposed in _entries(model, p, head=model is not backbone):
-        export_layer(out, x, name, shape=shape, transpose=transposed)
+    for x, n, shape, transposed in _entries(model, p, model is not backbone, spec):
+        export_layer(out, x, n, shape=shape, transpose=transposed)
     if model is not backbone:
         labels = {i: f"LABEL_{i}" for i in range(model.num_classes)}
         hf.update(id2label=labels, label2id={v: i for i, v in labels.items()})
     return hf, out
+
+
+_THIS = sys.modules[__name__]  # the `spec` of the ViT type itself

@@ -76,10 +76,11 @@ class PatchEmbedding(keras.layers.Layer):
     Each non-overlapping `patch_size x patch_size` patch is flattened and
     projected to `hidden_dim` (the same numbers as a strided convolution
     with kernel `[p, p, C, D]`, computed as one matrix product); a learned
-    class token is prepended and learned position embeddings are added.
-    Images of another size (divisible by the patch size) get position
-    embeddings resized bicubically from the `image_size` grid, class token
-    kept, as Hugging Face's `interpolate_pos_encoding=True` does.
+    class token (and DeiT's distillation token after it) is prepended and
+    learned position embeddings are added. Images of another size
+    (divisible by the patch size) get position embeddings resized
+    bicubically from the `image_size` grid, the prefix tokens' rows kept,
+    as Hugging Face's `interpolate_pos_encoding=True` does.
 
     Args:
         hidden_dim: D.
@@ -87,6 +88,8 @@ class PatchEmbedding(keras.layers.Layer):
         image_size: the size (square) the position table is learned for.
         num_channels: C.
         class_token: prepend a class token.
+        distillation_token: a second learned token after the class token
+            (DeiT); needs `class_token`.
         kernel_initializer: initializer of the projection, class token and
             position embeddings.
 
@@ -94,7 +97,7 @@ class PatchEmbedding(keras.layers.Layer):
         images: `[B, H, W, C]` floats; H and W multiples of `patch_size`.
 
     Returns:
-        `[B, class_token + (H/p)*(W/p), D]`.
+        `[B, num_prefix_tokens + (H/p)*(W/p), D]`.
 
     Example:
     >>> layer = PatchEmbedding(8, patch_size=4, image_size=8, num_channels=1)
@@ -110,6 +113,7 @@ class PatchEmbedding(keras.layers.Layer):
         num_channels=3,
         class_token=True,
         kernel_initializer="glorot_uniform",
+        distillation_token=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -121,13 +125,21 @@ class PatchEmbedding(keras.layers.Layer):
         self.patch_size = patch_size
         self.image_size = image_size
         self.num_channels = num_channels
+        if distillation_token and not class_token:
+            raise ValueError("`distillation_token=True` needs `class_token=True`.")
         self.class_token = class_token
+        self.distillation_token = distillation_token
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     @property
     def grid(self) -> tuple[int, int]:
         side = self.image_size // self.patch_size
         return side, side
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: class token, distillation token."""
+        return int(self.class_token) + int(self.distillation_token)
 
     def build(self, input_shape=None):
         p, c, d = self.patch_size, self.num_channels, self.hidden_dim
@@ -139,7 +151,13 @@ class PatchEmbedding(keras.layers.Layer):
             self.class_embedding = self.add_weight(
                 name="class_token", shape=(d,), initializer=self.kernel_initializer
             )
-        length = math.prod(self.grid) + int(self.class_token)
+        if self.distillation_token:
+            self.distillation_embedding = self.add_weight(
+                name="distillation_token",
+                shape=(d,),
+                initializer=self.kernel_initializer,
+            )
+        length = math.prod(self.grid) + self.num_prefix_tokens
         self.position_embeddings = self.add_weight(
             name="position_embeddings",
             shape=(length, d),
@@ -157,11 +175,14 @@ class PatchEmbedding(keras.layers.Layer):
         kernel = ops.reshape(self.kernel, (p * p * channels, d))
         projected = backend.linear(x, kernel, self.bias, 1)  # [B, h*w, D]
         x = ops.matmul(x, kernel) + self.bias if projected is None else projected
-        if self.class_token:
-            cls = ops.broadcast_to(self.class_embedding, (ops.shape(x)[0], 1, d))
-            x = ops.concatenate([ops.cast(cls, x.dtype), x], axis=1)
+        tokens = [self.class_embedding] if self.class_token else []
+        tokens += [self.distillation_embedding] if self.distillation_token else []
+        if tokens:
+            prefix = ops.concatenate([ops.reshape(t, (1, 1, d)) for t in tokens], 1)
+            prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], len(tokens), d))
+            x = ops.concatenate([ops.cast(prefix, x.dtype), x], axis=1)
         positions = resize_grid(
-            self.position_embeddings, self.grid, (h, w), int(self.class_token)
+            self.position_embeddings, self.grid, (h, w), self.num_prefix_tokens
         )
         return x + ops.cast(positions, x.dtype)[None]
 
@@ -170,7 +191,7 @@ class PatchEmbedding(keras.layers.Layer):
         p = self.patch_size
         length = None
         if height is not None and width is not None:
-            length = (height // p) * (width // p) + int(self.class_token)
+            length = (height // p) * (width // p) + self.num_prefix_tokens
         return (b, length, self.hidden_dim)
 
     def get_config(self):
@@ -182,5 +203,6 @@ class PatchEmbedding(keras.layers.Layer):
             num_channels=self.num_channels,
             class_token=self.class_token,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            distillation_token=self.distillation_token,
         )
         return config

@@ -54,6 +54,7 @@ def block_kwargs(
         use_bias=config.use_bias,
         qkv_bias=config.use_bias or config.qkv_bias,
         qk_norm=config.qk_norm,
+        layer_scale=config.layer_scale,
         dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         causal=causal,

@@ -100,8 +100,10 @@ class ViTBackbone(_Resizable, ConfiguredModel):
 
     Images are normalised as the config says (`vision.rescale`, `mean`,
     `std`), cut into patches, embedded (`PatchEmbedding`: projection, class
-    token, learned positions), run through pre-norm encoder blocks and a
-    final norm.
+    token, DeiT's distillation token with `vision.distillation_token`,
+    learned positions), run through pre-norm encoder blocks (with
+    LayerScale when the config has `layer_scale`, as DINOv2) and a final
+    norm.
 
     Args:
         config: a `TransformerConfig` (or dict) with `stacks="encoder"` and a
@@ -113,7 +115,7 @@ class ViTBackbone(_Resizable, ConfiguredModel):
             multiples of the patch size (positions are then interpolated).
 
     Returns:
-        `[B, class_token + (H/p)*(W/p), D]` final hidden states.
+        `[B, num_prefix_tokens + (H/p)*(W/p), D]` final hidden states.
 
     Example:
     >>> vit = ViTBackbone.from_preset("vit_tiny_28")
@@ -135,6 +137,12 @@ class ViTBackbone(_Resizable, ConfiguredModel):
                 f"and a `vision` group. Received: stacks={config.stacks!r}, "
                 f"position_embedding={config.position_embedding!r}, vision={config.vision!r}."
             )
+        if config.pooler and config.vision.pooling == "token_and_mean":
+            raise ValueError(
+                "ViTBackbone's pooler (config.pooler=True) takes one `[D]` state; "
+                "vision.pooling='token_and_mean' gives `[2 * D]`. Set pooler=False "
+                "or use pooling 'token' / 'mean'."
+            )
         super().__init__(dtype=dtype, name=name)
         self.config = config
         v, d = config.vision, config.hidden_dim
@@ -144,6 +152,7 @@ class ViTBackbone(_Resizable, ConfiguredModel):
             v.image_size,
             v.num_channels,
             class_token=v.class_token,
+            distillation_token=v.distillation_token,
             kernel_initializer=initializer(config),
             dtype=self.dtype_policy,
             name="patch_embedding",
@@ -183,15 +192,27 @@ class ViTBackbone(_Resizable, ConfiguredModel):
         x = run_blocks(self.blocks, x, None, training=training)
         return call_layer(self.final_norm, x) if self.final_norm is not None else x
 
+    @property
+    def pooled_dim(self) -> int:
+        """The width of `pool`'s output (what a classifier head takes)."""
+        pair = self.config.vision.pooling == "token_and_mean"
+        return self.config.hidden_dim * (2 if pair else 1)
+
     def pool(self, hidden):
-        """`[B, L, D]` hidden states -> `[B, D]`: the class token's state
-        (`vision.pooling="token"`) or the mean over patch tokens ("mean"),
-        then the pre-logits layer when the config has `pooler=True`."""
-        if self.config.vision.pooling == "token":
+        """`[B, L, D]` hidden states -> `[B, pooled_dim]`: the class token's
+        state (`vision.pooling="token"`), the mean over patch tokens
+        ("mean"; the class and distillation tokens left out) or both
+        concatenated ("token_and_mean", `[B, 2 * D]`), then the pre-logits
+        layer when the config has `pooler=True`."""
+        pooling = self.config.vision.pooling
+        start = self.config.vision.num_prefix_tokens
+        mean = None if pooling == "token" else ops.mean(hidden[:, start:, :], axis=1)
+        if pooling == "mean":
+            pooled = mean
+        elif pooling == "token":
             pooled = hidden[:, 0, :]
         else:
-            start = int(self.config.vision.class_token)
-            pooled = ops.mean(hidden[:, start:, :], axis=1)
+            pooled = ops.concatenate([hidden[:, 0, :], mean], axis=-1)
         return self.pooler(pooled) if self.pooler is not None else pooled
 
 
@@ -200,10 +221,17 @@ class ViTBackbone(_Resizable, ConfiguredModel):
 class ViTClassifier(_Resizable, TaskModel):
     """Image classification with a ViT backbone.
 
+    The head is a dense layer over the pooled state (`ViTBackbone.pool`:
+    `[2 * D]` wide with `vision.pooling="token_and_mean"`, as DINOv2's).
+
     Args:
         backbone: a `ViTBackbone` (or one is built from `config`).
         num_classes: number of labels.
         classifier_dropout: dropout before the classifier.
+        distillation_head: a second head, `distillation_classifier`, on the
+            distillation token's final state; the logits are the mean of
+            both heads' (DeiT's classifier with teacher). Needs
+            `vision.distillation_token`.
 
     Call arguments:
         inputs: the backbone's inputs.
@@ -213,24 +241,63 @@ class ViTClassifier(_Resizable, TaskModel):
     """
 
     backbone_cls = ViTBackbone
-    task_arguments = ("num_classes", "classifier_dropout")
+    task_arguments = ("num_classes", "classifier_dropout", "distillation_head")
 
     def __init__(
-        self, backbone=None, *, num_classes=1000, classifier_dropout=0.0, **kwargs
+        self,
+        backbone=None,
+        *,
+        num_classes=1000,
+        classifier_dropout=0.0,
+        distillation_head=False,
+        **kwargs,
     ):
         super().__init__(backbone, **kwargs)
-        # ViT's zero-initialised head.
-        self._add_classifier(num_classes, classifier_dropout, "zeros")
+        if distillation_head and not self.config.vision.distillation_token:
+            raise ValueError(
+                "`distillation_head=True` needs a distillation token "
+                "(config.vision.distillation_token=True)."
+            )
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
+            )
+        self.num_classes = num_classes
+        self.classifier_dropout = classifier_dropout
+        self.distillation_head = bool(distillation_head)
+        self.dropout = seeded_dropout(classifier_dropout, dtype=self.dtype_policy)
+        self.classifier = self._head("classifier", self.backbone.pooled_dim)
+        self.distillation_classifier = None
+        if distillation_head:
+            d = self.config.hidden_dim
+            self.distillation_classifier = self._head("distillation_classifier", d)
+
+    def _head(self, name, width):
+        """ViT's zero-initialised dense head over `width` features."""
+        head = Dense(
+            self.num_classes,
+            kernel_initializer="zeros",
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        head.build((None, width))
+        return head
 
     def call(self, inputs, training=None):
-        pooled = self.backbone.pool(self.backbone(inputs, training=training))
-        return self.classifier(self.dropout(pooled, training=training))
+        hidden = self.backbone(inputs, training=training)
+        pooled = self.dropout(self.backbone.pool(hidden), training=training)
+        logits = self.classifier(pooled)
+        if self.distillation_classifier is None:
+            return logits
+        distilled = self.dropout(hidden[:, 1, :], training=training)
+        return (logits + self.distillation_classifier(distilled)) / 2
 
 
 def with_image_size(model, image_size: int):
     """A copy of a ViT model (backbone or classifier) for `image_size` square
     images, same weights, position embeddings resized bicubically over the
-    patch grid (class token kept). At the same size the copy is identical.
+    patch grid (class / distillation tokens kept). At the same size the copy
+    is identical.
 
     Example:
     >>> small = ViTClassifier.from_preset("vit_tiny_28", num_classes=10)
@@ -259,7 +326,7 @@ def copy_resized_weights(source, target) -> None:
     old = getattr(source, "backbone", source).patch_embedding
     new = getattr(target, "backbone", target).patch_embedding
     table = ops.convert_to_numpy(ops.cast(old.position_embeddings, "float32"))
-    resized = resize_grid(table, old.grid, new.grid, int(old.class_token))
+    resized = resize_grid(table, old.grid, new.grid, old.num_prefix_tokens)
     for a, b in zip(source.weights, target.weights):
         value = resized if a is old.position_embeddings else a.value
         b.assign(ops.cast(value, b.dtype))
