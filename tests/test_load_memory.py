@@ -104,10 +104,49 @@ def test_checkpoint_tensors_are_views_of_the_file(tmp_path):
     write_checkpoint(tmp_path, {"model_type": "llama"}, {"w": values})
     checkpoint = Checkpoint(tmp_path)
     tensor = checkpoint.get("w")
-    assert not tensor.flags.owndata and not tensor.flags.writeable
+    assert not tensor.flags.owndata
+    # Writable (copy-on-write) only where variables may share it (PyTorch).
+    assert tensor.flags.writeable == (keras.config.backend() == "torch")
+    assert not checkpoint.get("w").flags.writeable  # a second reader never shares
     np.testing.assert_array_equal(tensor, values)
     checkpoint.close()
     np.testing.assert_array_equal(tensor, values)  # still readable
+
+
+def _file_tensors(path):
+    from safetensors.numpy import load_file
+
+    return {k: v.copy() for k, v in load_file(str(path / "model.safetensors")).items()}
+
+
+def test_training_a_loaded_model_never_writes_the_checkpoint(tmp_path):
+    export_hf(_lm(**LLAMA), tmp_path)
+    before = _file_tensors(tmp_path)
+    lm = keras_transformers.from_preset(tmp_path)
+    kernel = lm.backbone.blocks[0].self_attention.query_dense.kernel
+    kernel.assign(keras.ops.zeros(kernel.shape))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    lm.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
+    ids = np.arange(12, dtype="int32").reshape(2, 6) % 64
+    lm.fit({"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}, ids, verbose=0)
+    assert not np.any(keras.ops.convert_to_numpy(kernel) == 0)
+    after = _file_tensors(tmp_path)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+def test_a_tensor_read_twice_fills_two_independent_weights(tmp_path):
+    from keras_transformers.convert.common import write
+
+    values = np.arange(12, dtype="float32").reshape(3, 4)
+    write_checkpoint(tmp_path, {"model_type": "llama"}, {"w": values})
+    checkpoint = Checkpoint(tmp_path)
+    first, second = (keras.Variable(np.zeros((4, 3), "float32")) for _ in range(2))
+    write(first, checkpoint.get("w").T)
+    write(second, checkpoint.get("w").T)
+    checkpoint.close()
+    first.assign(keras.ops.ones((4, 3)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(second), values.T)
 
 
 def test_bfloat16_checkpoints_load_without_float32_detour(tmp_path):

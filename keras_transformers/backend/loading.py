@@ -1,16 +1,23 @@
 """Variables that a checkpoint fills: their storage before loading
-(`empty`), and one copy per weight into it (`assign_array`).
+(`empty`), and each weight into it in at most one copy (`assign_array`).
 
 Writing fresh memory is the cost of loading on a CPU (the first write to
 each page faults it in), so every weight should reach its variable in one
 pass, and nothing should fill a variable that is about to be overwritten.
+On PyTorch a weight whose dtype matches is not copied at all: the variable
+becomes a view of the checkpoint file mapped copy-on-write (`shares_file`),
+as transformers' `from_pretrained` does; pages are read at first use, and
+a write (training) copies only the pages it touches.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import keras
 import ml_dtypes
@@ -63,16 +70,59 @@ def empty(shape, dtype=None):
     return keras.ops.empty(tuple(shape), dtype=dtype)
 
 
+def shares_file() -> bool:
+    """Whether `assign_array` may make a variable a view of the checkpoint's
+    memory (PyTorch): the caller then maps the file copy-on-write
+    (`mmap.ACCESS_COPY`), so the views are writable and no write reaches
+    the file."""
+    return keras.config.backend() == "torch"
+
+
+def _share(variable, value: np.ndarray) -> bool:
+    """Makes PyTorch `variable` a view of `value`'s memory, when `value` is
+    writable, has the variable's dtype, and reshapes to the variable's shape
+    without a copy (a transposed `[out, in]` weight does). Returns whether
+    it did."""
+    import torch
+
+    if not value.flags.writeable or value.dtype != numpy_dtype(variable.dtype):
+        return False
+    try:
+        tensor = torch.from_numpy(value).view(tuple(variable.shape))
+    except (RuntimeError, TypeError, ValueError):  # e.g. strides that do not reshape
+        return False
+    variable.value.data = tensor
+    return True
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="load")
+
+
 def _copy(out: np.ndarray, value: np.ndarray, tile: int = 128) -> None:
     """`out[...] = value`; a transposed 2-D `value` in square tiles (about
-    twice as fast as NumPy's strided copy: each tile stays in cache)."""
+    twice as fast as NumPy's strided copy: each tile stays in cache), its
+    row bands on every core for a large one (NumPy releases the GIL while
+    copying, and the first writes to fresh pages fault in parallel)."""
     if value.ndim != 2 or value.flags.c_contiguous:
         np.copyto(out, value, casting="unsafe")
         return
     rows, cols = value.shape
-    for i in range(0, rows, tile):
-        for j in range(0, cols, tile):
-            out[i : i + tile, j : j + tile] = value[i : i + tile, j : j + tile]
+
+    def band(start: int, stop: int) -> None:
+        for i in range(start, stop, tile):
+            for j in range(0, cols, tile):
+                out[i : i + tile, j : j + tile] = value[i : i + tile, j : j + tile]
+
+    bands = min(os.cpu_count() or 1, max(1, value.size // (1 << 20)), -(-rows // tile))
+    if bands == 1:
+        band(0, rows)
+        return
+    step = -(-rows // (bands * tile)) * tile
+    starts = range(0, rows, step)
+    for future in [_pool().submit(band, i, min(i + step, rows)) for i in starts]:
+        future.result()
 
 
 def assign_array(variable, value: np.ndarray) -> None:
@@ -82,15 +132,20 @@ def assign_array(variable, value: np.ndarray) -> None:
     tensor, `[in, out]` for a `[in, heads, head_dim]` kernel). The
     transpose and the dtype conversion happen in the one copy.
 
-    PyTorch: one copy, straight into the variable's storage. TensorFlow: a
-    transposed matrix goes through TensorFlow's transpose. Anything else is
-    copied into a fresh `_host_array` given to `variable.assign` (JAX on
-    CPU adopts it as the variable's value). The variable never holds a view
-    of the checkpoint file: it owns its memory.
+    PyTorch: a writable `value` of the variable's dtype (a view of a
+    copy-on-write file mapping, see `shares_file`) becomes the variable's
+    storage without a copy; otherwise one copy, straight into the
+    variable's storage. TensorFlow: a transposed matrix goes through
+    TensorFlow's transpose. Anything else is copied into a fresh
+    `_host_array` given to `variable.assign` (JAX on CPU adopts it as the
+    variable's value). On JAX and TensorFlow the variable owns its memory.
     """
     shape = tuple(variable.shape)
     if keras.config.backend() == "torch":
         import torch
+
+        if _share(variable, value):
+            return
 
         bfloat16 = value.dtype == ml_dtypes.bfloat16  # NumPy-side: raw 16-bit words
         with warnings.catch_warnings():  # read-only views: torch only reads them

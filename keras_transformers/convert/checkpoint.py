@@ -1,9 +1,11 @@
 """Reading and writing Hugging Face safetensors checkpoints.
 
-Each safetensors file is memory-mapped once and its tensors are read-only
-NumPy views of the mapping (no copy; bfloat16 as `ml_dtypes.bfloat16`):
-the only copy of a weight is the one into its variable. Nothing is ever
-unpickled.
+Each safetensors file is memory-mapped once and its tensors are NumPy
+views of the mapping (no copy; bfloat16 as `ml_dtypes.bfloat16`): the only
+copy of a weight is the one into its variable, and on PyTorch, whose
+variables may share the mapping, none (the file is then mapped
+copy-on-write: the views are writable, the file never changes). Nothing is
+ever unpickled.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
+
+from keras_transformers.backend.loading import shares_file
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -78,14 +82,16 @@ def _read_index(index: Path) -> dict[str, str]:
 
 class _File:
     """One memory-mapped safetensors file: its header, and its tensors as
-    read-only views of the mapping."""
+    views of the mapping (read-only, or copy-on-write where variables may
+    keep them: `backend.loading.shares_file`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        access = mmap.ACCESS_COPY if shares_file() else mmap.ACCESS_READ
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.map = mmap.mmap(f.fileno(), 0, access=access)
         header.pop("__metadata__", None)
         self.start, self.header, self.touched = 8 + size, header, False
 
@@ -197,14 +203,17 @@ class Checkpoint:
         )
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor `name`: a read-only view of the memory-mapped file, in
-        its stored dtype (bfloat16 as `ml_dtypes.bfloat16`). The pages of
-        the tensors returned before are unmapped first (see `_File.release`)."""
+        """The tensor `name`: a view of the memory-mapped file, in its stored
+        dtype (bfloat16 as `ml_dtypes.bfloat16`), writable only the first
+        time it is returned and only where the file is mapped copy-on-write.
+        The pages of the tensors returned before are unmapped first (see
+        `_File.release`)."""
         if name not in self.files:
             raise ValueError(
                 f"Weight {name!r} is missing from {self.source}. config.json describes a model the weights do not match (e.g. more "
                 "layers, or an untied LM head): fix config.json or the overrides."
             )
+        again = name in self.used
         self.used.add(name)
         self.reading = name
         path = self.files[name]
@@ -212,7 +221,10 @@ class Checkpoint:
             file.release()
         if path not in self._open:
             self._open[path] = _File(path)
-        return self._open[path].tensor(name)
+        array = self._open[path].tensor(name)
+        if again:  # one variable at most may share a tensor's memory (tied weights)
+            array.flags.writeable = False
+        return array
 
     def located(self, error: ValueError) -> ValueError:
         """`error` (raised while loading) with the file of the tensor read
