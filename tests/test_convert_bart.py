@@ -184,6 +184,18 @@ def test_logits_match(hf_dirs, kind, recwarn):
     )
 
 
+def test_keras_preset_round_trip(hf_dirs, tmp_path):
+    lm = keras_transformers.from_preset(hf_dirs["untied"])
+    assert lm.generation_config.decoder_start_token_id == EOS
+    lm.save_to_preset(tmp_path / "preset")
+    back = keras_transformers.from_preset(tmp_path / "preset")
+    assert back.config == lm.config
+    np.testing.assert_allclose(_ours(back), _ours(lm), atol=1e-6)
+    assert back.generate("some text", max_new_tokens=4) == lm.generate(
+        "some text", max_new_tokens=4
+    )
+
+
 def test_hidden_states_match(hf_dirs, recwarn):
     source_mask, target_mask = _batch()[1], _batch()[3]
     base = keras_transformers.from_preset(hf_dirs["base"])
