@@ -22,6 +22,9 @@ def count_params(config, active: bool) -> int:
             tables = 2 if config.separate_decoder_positions else 1
             total += tables * config.max_sequence_length * d
     total += config.num_segments * d
+    if config.position_embedding == "relative":  # a [buckets, N] table per stack
+        stacks = 2 if config.stacks == "encoder_decoder" else 1
+        total += stacks * config.relative_attention_buckets * config.num_heads
     if config.embedding_norm:  # one per stack
         total += norm * (2 if config.stacks == "encoder_decoder" else 1)
     # Blocks (LayerScale: one `[D]` scale per residual branch).

@@ -65,6 +65,20 @@ def _check_bool(name: str, value: Any) -> None:
         _fail(name, value, "True or False")
 
 
+def _check_attention_knobs(config) -> None:
+    """The relative position bias and attention scale of a
+    `TransformerConfig`: at least 4 buckets (one exact distance per side in
+    an encoder), a max distance past the exact buckets (a positive log)."""
+    if config.position_embedding == "relative" and config.stacks != "encoder_decoder":
+        _fail("position_embedding", "relative", 'stacks="encoder_decoder"')
+    _check_int("relative_attention_buckets", config.relative_attention_buckets, 4)
+    exact = config.relative_attention_buckets // 2
+    distance = config.relative_attention_max_distance
+    _check_int("relative_attention_max_distance", distance, exact + 1)
+    if config.attention_scale is not None:
+        _check_float("attention_scale", config.attention_scale, 1e-12)
+
+
 class _Group:
     """Shared `to_dict` / `from_dict` for the frozen config dataclasses."""
 

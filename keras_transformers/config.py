@@ -23,6 +23,8 @@ Glossary (ours -> paper / Hugging Face):
 ``sliding_window``      sliding_window (Mistral / Mixtral)
 ``qkv_bias``            Qwen2's q_proj / k_proj / v_proj biases
 ``qk_norm``             Qwen3's q_norm / k_norm
+``relative_attention_*`` relative_attention_num_buckets / _max_distance (T5)
+``scale_logits``        scale_decoder_outputs (T5 v1.0: d_model**-0.5, tied head)
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
 ``separate_decoder_positions`` BART's own decoder.embed_positions table
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field, fields
 
 from keras_transformers._param_count import count_params
 from keras_transformers._validation import (
+    _check_attention_knobs,
     _check_bool,
     _check_choice,
     _check_float,
@@ -56,7 +59,7 @@ from keras_transformers._validation import (
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")
 NORM_TYPES = ("layer", "rms")
-POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "none")
+POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "relative", "none")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
 DISPATCH_MODES = ("sparse", "dense")
 POOLINGS = ("token", "mean", "token_and_mean")
@@ -212,7 +215,10 @@ class TransformerConfig(_Group):
         embedding_norm: a norm after the embeddings (BERT).
         pooler: a tanh dense layer on the first token's final state (BERT's
             `pooled_output`).
-        position_embedding: "learned", "sinusoidal", "rotary" or "none".
+        position_embedding: "learned", "sinusoidal", "rotary", "relative"
+            (T5's bucketed bias on self-attention logits) or "none".
+        relative_attention_buckets: rows of each stack's "relative" table.
+        relative_attention_max_distance: "relative" distances >= this share one bucket.
         sinusoidal_interleave: sinusoidal layout: sin/cos interleaved per
             feature pair (the paper's formula) or sines in the first half of
             the features and cosines in the second (tensor2tensor, fairseq,
@@ -242,6 +248,8 @@ class TransformerConfig(_Group):
         logits_bias: a learned bias on the output logits (Marian's
             `final_logits_bias`).
         scale_embeddings: multiply token embeddings by sqrt(hidden_dim) (2017).
+        scale_logits: multiply the output layer's input by hidden_dim**-0.5 (T5).
+        attention_scale: query-key logits factor; None = 1/sqrt(H) (T5: 1.0).
         num_segments: segment (token type) vocabulary; 0 = none (BERT: 2).
         sliding_window: attend to at most this many previous tokens; None = all.
         dropout: dropout on embeddings and every sub-layer output.
@@ -275,6 +283,8 @@ class TransformerConfig(_Group):
     pooler: bool = False
     position_embedding: str = "learned"
     sinusoidal_interleave: bool = True
+    relative_attention_buckets: int = 32
+    relative_attention_max_distance: int = 128
     separate_decoder_positions: bool = False
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
@@ -287,6 +297,8 @@ class TransformerConfig(_Group):
     tie_embeddings: bool = True
     logits_bias: bool = False
     scale_embeddings: bool = False
+    scale_logits: bool = False
+    attention_scale: float | None = None
     num_segments: int = 0
     sliding_window: int | None = None
     dropout: float = 0.0
@@ -336,6 +348,7 @@ class TransformerConfig(_Group):
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",
+            "scale_logits",
             "sinusoidal_interleave",
             "separate_decoder_positions",
             "remat",
@@ -352,6 +365,7 @@ class TransformerConfig(_Group):
         _check_choice(
             "position_embedding", self.position_embedding, POSITION_EMBEDDINGS
         )
+        _check_attention_knobs(self)
         if self.layer_scale is not None:
             _check_float("layer_scale", self.layer_scale, 0.0)
         _check_float("rope_max_wavelength", self.rope_max_wavelength, 1.0)

@@ -37,6 +37,7 @@ from keras_transformers.convert import (
     qwen2,
     qwen3,
     roberta,  # noqa: F401 (registers "roberta", "xlm-roberta", "camembert")
+    t5,
     vit,
 )
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
@@ -89,7 +90,7 @@ def hf_preset_data(path) -> dict:
         `keras_transformers.convert.bert` (RoBERTa types:
         `keras_transformers.convert.roberta`; DistilBERT:
         `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
-        `MarianModel` / `BartModel`, else `Seq2SeqLM`; Mixtral:
+        `MarianModel` / `BartModel` / `T5Model`, else `Seq2SeqLM`; Mixtral:
         `MixtralBackbone` for
         `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
@@ -251,7 +252,8 @@ def export_hf(model, directory, model_type=None) -> None:
     BERT-family models as "bert", or as `model_type` "roberta",
     "xlm-roberta" or "camembert" (RoBERTa layout, see
     `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
-    as "marian" (sinusoidal positions) or "bart" (learned positions);
+    as "marian" (sinusoidal positions), "bart" (learned positions) or "t5"
+    (relative position bias);
     Mixtral-family models as "mixtral"; ViT-family models as "vit", "deit"
     (with `vision.distillation_token`) or "dinov2" (with `layer_scale`),
     plus a `preprocessor_config.json` when the model normalises its inputs.
@@ -264,7 +266,7 @@ def export_hf(model, directory, model_type=None) -> None:
     Args:
         model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
-            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian or BART layout); a
+            `Seq2SeqLM` or `Seq2SeqBackbone` (Marian, BART or T5 layout); a
             `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
@@ -286,6 +288,8 @@ def export_hf(model, directory, model_type=None) -> None:
         )
     if family == "bert":
         hf, tensors = _bert_export(model, model_type)
+    elif family == "transformer" and backbone.config.position_embedding == "relative":
+        hf, tensors = t5.export(model)  # T5's relative position bias
     elif family == "transformer":  # learned positions: BART's layout
         learned = backbone.config.position_embedding == "learned"
         hf, tensors = (bart if learned else marian).export(model)

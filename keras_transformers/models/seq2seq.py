@@ -11,7 +11,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_transformers.backend import call_layer
-from keras_transformers.layers import PositionEmbedding
+from keras_transformers.layers import PositionEmbedding, RelativePositionBias
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
     TaskModel,
@@ -85,7 +85,10 @@ class Seq2SeqBackbone(TextBackbone):
             masks are True for real tokens and may be left out (all real).
             The encoder mask reaches the encoder self-attention and every
             cross-attention; the decoder self-attention is causal and masks
-            padded keys.
+            padded keys. With `position_embedding="relative"` (T5) each
+            stack's self-attention logits get its `RelativePositionBias`
+            (`encoder_position_bias`: bidirectional buckets,
+            `decoder_position_bias`: causal ones), computed once per call.
 
     Returns:
         Decoder hidden states `[B, T, D]`. `encode()` and `decode()` expose
@@ -129,6 +132,36 @@ class Seq2SeqBackbone(TextBackbone):
             )
             self.decoder_position_embedding.build((None, None, c.hidden_dim))
 
+        self.encoder_position_bias = self.decoder_position_bias = None
+        if c.position_embedding == "relative":  # T5: one table per stack
+            self.encoder_position_bias = self._relative_bias("encoder", True)
+            self.decoder_position_bias = self._relative_bias("decoder", False)
+
+    def _relative_bias(self, stack, bidirectional):
+        c = self.config
+        layer = RelativePositionBias(
+            c.num_heads,
+            c.relative_attention_buckets,
+            c.relative_attention_max_distance,
+            bidirectional=bidirectional,
+            embeddings_initializer=initializer(c),
+            dtype=self.dtype_policy,
+            name=f"{stack}_position_bias",
+        )
+        layer.build()
+        return layer
+
+    @staticmethod
+    def _attention_bias(layer, length, start=0, key_length=None):
+        """`{"attention_bias": [1, N, T, S]}` of relative position bias
+        `layer` for `length` queries from position `start` over the first
+        `key_length` positions (default `length`); `{}` without one."""
+        if layer is None:
+            return {}
+        queries = ops.arange(length) + start
+        keys = ops.arange(length if key_length is None else key_length)
+        return {"attention_bias": call_layer(layer, queries, keys)}
+
     def call(self, inputs, training=None):
         source, source_mask, target, target_mask = unpack_seq2seq_inputs(
             inputs, self.config
@@ -139,7 +172,8 @@ class Seq2SeqBackbone(TextBackbone):
     def encode(self, token_ids, padding_mask=None, training=None):
         """Encoder: `[B, S]` ids (and `[B, S]` mask) -> `[B, S, D]`."""
         x = self.embed(token_ids, training=training)
-        x = run_blocks(self.blocks, x, padding_mask, training=training)
+        bias = self._attention_bias(self.encoder_position_bias, ops.shape(x)[1])
+        x = run_blocks(self.blocks, x, padding_mask, training=training, **bias)
         if self.final_norm is not None:
             x = call_layer(self.final_norm, x)
         return x
@@ -170,7 +204,9 @@ class Seq2SeqBackbone(TextBackbone):
             positions=self.decoder_position_embedding,
         )
         kwargs = dict(encoder_padding_mask=encoder_padding_mask, training=training)
+        length = ops.shape(x)[1]
         if cache is None:
+            kwargs.update(self._attention_bias(self.decoder_position_bias, length))
             x = run_blocks(
                 self.decoder_blocks,
                 x,
@@ -180,6 +216,9 @@ class Seq2SeqBackbone(TextBackbone):
             )
         else:
             self_cache, cross_cache = cache
+            keys = ops.shape(self_cache[0][0])[1]  # the whole cache, S_max
+            bias = self._attention_bias(self.decoder_position_bias, length, start, keys)
+            kwargs.update(bias)
             # While decoding, every cached target position is real.
             x, self_cache = run_blocks(
                 self.decoder_blocks,

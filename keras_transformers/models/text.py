@@ -137,7 +137,10 @@ class TextBackbone(ConfiguredModel):
         return x
 
     def logits(self, hidden):
-        """Projects hidden states `[B, T, D]` to logits `[B, T, V]`."""
+        """Projects hidden states `[B, T, D]` to logits `[B, T, V]` (first
+        scaled by `hidden_dim**-0.5` with `scale_logits`)."""
+        if self.config.scale_logits:
+            hidden = hidden * self.config.hidden_dim**-0.5
         logits = call_layer(self.token_embedding, hidden, reverse=True)
         if self.logits_bias is not None:
             logits = logits + keras.ops.cast(self.logits_bias, logits.dtype)
