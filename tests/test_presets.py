@@ -34,6 +34,13 @@ PUBLISHED = {
     # each position table, plus final_logits_bias (a buffer there).
     "bart_base": (139_420_416 - 2 * 2 * 768 + 50_265, 1e-9),
     "bart_large": (406_291_456 - 2 * 2 * 1024 + 50_265, 1e-9),
+    # T5: transformers' T5ForConditionalGeneration built from the published
+    # config.json under torch.device("meta"), the shared embedding once;
+    # FLAN-T5 (v1.1) adds its own lm_head (transformers ties it to `shared`
+    # until a checkpoint with a different lm_head.weight loads).
+    "t5_small": (60_506_624, 1e-12),
+    "t5_base": (222_903_552, 1e-12),
+    "flan_t5_base": (222_903_552 + 32_128 * 768, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {
