@@ -90,8 +90,10 @@ def test_train_resume_bert(tmp_path, text_file, monkeypatch):
     _check_resume(tmp_path, argv, pretrain_bert, **SMALL)
 
 
-@pytest.mark.large
-def test_train_resume_transformer(tmp_path):
+def test_train_resume_transformer(tmp_path, monkeypatch):
+    import keras_transformers.cli.seq2seq as seq2seq
+
+    monkeypatch.setattr(seq2seq, "NUM_TASK_VALIDATION", 8)  # validation: a batch
     argv = ["train", "transformer_tiny", "--task", "numbers", *ARGS]
     _check_resume(tmp_path, argv, train_seq2seq, **SMALL)
 

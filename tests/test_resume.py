@@ -123,7 +123,6 @@ FAMILIES = {
     "seq2seq": _seq2seq,
     "vit": _vit,
 }
-LARGE = {"gpt2", "llama", "seq2seq", "vit"}  # the code paths of mixtral and bert
 
 
 def _state(model):
@@ -162,10 +161,7 @@ def _assert_same(model, expected):
         )
 
 
-@pytest.mark.parametrize(
-    "family",
-    [pytest.param(f, marks=pytest.mark.large) if f in LARGE else f for f in FAMILIES],
-)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_resumed_fit_matches_uninterrupted(family, tmp_path, rng):
     keras.utils.set_random_seed(0)
     model, make_data = FAMILIES[family](rng)
