@@ -188,6 +188,19 @@ def test_hidden_states_match(hf_dirs, recwarn):
     record("T5Model as LM logits", _ours(lm), expected, target_mask)
 
 
+def test_missing_lm_head_is_tied(hf_dirs, tmp_path):
+    """`tie_word_embeddings=False` without an `lm_head.weight`: transformers
+    ties the output layer to `shared` (unscaled), and so do we."""
+    path = edited_hf_dir(hf_dirs["base"], tmp_path / "v1.1", tie_word_embeddings=False)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("scale_decoder_outputs")  # as published: tie_word_embeddings decides
+    (path / "config.json").write_text(json.dumps(config))
+    lm = Seq2SeqLM.from_preset(path)
+    assert lm.config.tie_embeddings and not lm.config.scale_logits
+    expected = _hf(path, "T5ForConditionalGeneration")["logits"]
+    record("T5 v1.1 without lm_head", _ours(lm), expected, _batch()[3])
+
+
 @pytest.mark.parametrize("kind", ["v1.0", "v1.1"])
 def test_cached_decoding_equals_full_forward(hf_dirs, kind):
     lm = keras_transformers.from_preset(hf_dirs[kind])

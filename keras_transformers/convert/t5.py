@@ -159,9 +159,12 @@ def fit_config(fields: dict, checkpoint, cls) -> dict:
     which otherwise ties them whatever `tie_word_embeddings` says)."""
     if checkpoint is None:
         return fields
-    untied = "lm_head.weight" in checkpoint and not np.array_equal(
-        checkpoint.get("lm_head.weight"), checkpoint.get("shared.weight")
-    )
+    untied = False  # without lm_head.weight, transformers ties it to shared
+    if "lm_head.weight" in checkpoint:
+        names = ["lm_head.weight", "shared.weight"]
+        fresh = [n for n in names if n not in checkpoint.used]
+        untied = not np.array_equal(*(checkpoint.get(n) for n in names))
+        checkpoint.used.difference_update(fresh)  # only the loading's reads count
     return {**fields, "tie_embeddings": not untied}
 
 
