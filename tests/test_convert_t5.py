@@ -169,6 +169,16 @@ def test_logits_match(hf_dirs, kind, recwarn):
     record(f"T5 {kind} encoder", _encoded(model), expected, source_mask)
 
 
+def test_keras_preset_round_trip(hf_dirs, tmp_path):
+    lm = keras_transformers.from_preset(hf_dirs["v1.0"])
+    lm.save_to_preset(tmp_path / "preset")
+    back = keras_transformers.from_preset(tmp_path / "preset")
+    assert back.config == lm.config
+    np.testing.assert_allclose(_ours(back), _ours(lm), atol=1e-6)
+    text = "the house is old"
+    assert back.generate(text, max_new_tokens=4) == lm.generate(text, max_new_tokens=4)
+
+
 def test_hidden_states_match(hf_dirs, recwarn):
     source_mask, target_mask = _batch()[1], _batch()[3]
     base = keras_transformers.from_preset(hf_dirs["base"])
