@@ -15,6 +15,7 @@ import keras_transformers
 from keras_transformers import cli
 from keras_transformers.cli import resume, train
 from keras_transformers.cli.bert import pretrain_bert
+from keras_transformers.cli.classify import finetune_classifier
 from keras_transformers.cli.seq2seq import train_seq2seq
 from keras_transformers.cli.vit import train_vit
 from keras_transformers.data import default_text, images
@@ -43,15 +44,15 @@ def _weights(directory):
     return {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
 
 
-def _check_resume(tmp_path, argv, job=None, **overrides):
+def _check_resume(tmp_path, argv, job=None, interrupt=4, **overrides):
+    """`interrupt`: the step after which the run stops, one step into its
+    second epoch."""
     _train(argv + ["--output", str(tmp_path / "reference")], job, **overrides)
     output = ["--output", str(tmp_path / "resumed")]
     real = resume.resume_callbacks
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            resume,
-            "resume_callbacks",
-            lambda args: [*real(args), Interrupt(4)],  # one step into epoch 2
+            resume, "resume_callbacks", lambda args: [*real(args), Interrupt(interrupt)]
         )
         with pytest.raises(RuntimeError, match="interrupted"):
             _train(argv + output, job, **overrides)
@@ -72,11 +73,10 @@ def test_train_resume_mixtral(tmp_path, text_file):
     _check_resume(tmp_path, argv + ["300", *ARGS])
 
 
-@pytest.mark.large
-def test_train_resume_bert(tmp_path, text_file, monkeypatch):
-    # WordPiece training is not reproducible (455 or 456 tokens here from
-    # run to run): --resume reuses the backed-up tokenizer; the reference
-    # run must use the same one too.
+def _train_wordpiece_once(monkeypatch):
+    """WordPiece training is not reproducible (`tokenizers` breaks ties in
+    hash-map order: 455 to 458 tokens here from run to run): --resume reuses
+    the backed-up tokenizer, and the reference run must use the same one."""
     import keras_transformers.preprocessing as preprocessing
 
     trained = {}
@@ -86,6 +86,11 @@ def test_train_resume_bert(tmp_path, text_file, monkeypatch):
         return trained.setdefault("tokenizer", real(lines, **kwargs))
 
     monkeypatch.setattr(preprocessing, "train_wordpiece", train_once)
+
+
+@pytest.mark.large
+def test_train_resume_bert(tmp_path, text_file, monkeypatch):
+    _train_wordpiece_once(monkeypatch)
     argv = ["train", "bert_tiny", "--data", str(text_file), *ARGS]
     _check_resume(tmp_path, argv, pretrain_bert, **SMALL)
 
@@ -96,6 +101,26 @@ def test_train_resume_transformer(tmp_path, monkeypatch):
     monkeypatch.setattr(seq2seq, "NUM_TASK_VALIDATION", 8)  # validation: a batch
     argv = ["train", "transformer_tiny", "--task", "numbers", *ARGS]
     _check_resume(tmp_path, argv, train_seq2seq, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def labelled_csv(tmp_path_factory):
+    """10 rows: 9 for training (4 batches of 2 per epoch), 1 for validation."""
+    words = default_text()[:2_000].split()
+    rows = [f"{' '.join(words[i : i + 6])},{'ab'[i % 2]}" for i in range(10)]
+    path = tmp_path_factory.mktemp("data") / "labelled.csv"
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_finetune_resume_classifier(tmp_path, labelled_csv, monkeypatch):
+    """A classifier trained from scratch: its WordPiece vocabulary comes from
+    the backup, the data order and schedule position from the backup."""
+    argv = ["finetune", "bert_tiny", "--data", str(labelled_csv), "--epochs", "2"]
+    argv += ["--batch-size", "2", "--sequence-length", "16", "--vocabulary-size"]
+    argv += ["200", "--checkpoint-every", "1"]
+    _train_wordpiece_once(monkeypatch)
+    _check_resume(tmp_path, argv, finetune_classifier, interrupt=5, **SMALL)
 
 
 def test_train_resume_vit(tmp_path):

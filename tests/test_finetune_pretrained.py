@@ -145,6 +145,32 @@ def _offline_hub(monkeypatch, cache, repos):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(cache / "no-token"))
 
 
+def test_causal_lm_lora_resumes_exactly(tmp_path, llama_dir, pairs_csv, monkeypatch):
+    """Interrupted one step into its second epoch (5 batches an epoch) and
+    resumed with --resume: the adapter equals an uninterrupted run's."""
+    from test_resume import Interrupt
+
+    from keras_transformers.cli import resume
+
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(pairs_csv)]
+    argv += LORA_ARGS[:2] + ["--batch-size", "8", "--sequence-length", "24"]
+    argv += ["--lora-rank", "4", "--checkpoint-every", "2"]
+    _run(argv + ["--output", str(tmp_path / "reference")])
+    real = resume.resume_callbacks
+    with monkeypatch.context() as patch:
+        patch.setattr(resume, "resume_callbacks", lambda a: [*real(a), Interrupt(6)])
+        with pytest.raises(RuntimeError, match="interrupted"):
+            _run(argv + ["--output", str(tmp_path / "resumed")])
+    assert (tmp_path / "resumed" / "checkpoint").is_dir()
+    _run(argv + ["--output", str(tmp_path / "resumed"), "--resume"])
+    assert not (tmp_path / "resumed" / "checkpoint").exists()
+    models = [lora.load_finetuned(tmp_path / n) for n in ("reference", "resumed")]
+    expected, resumed = ({v.path: np.asarray(v) for v in m.weights} for m in models)
+    assert expected.keys() == resumed.keys()
+    for path, value in expected.items():
+        np.testing.assert_allclose(resumed[path], value, atol=1e-6, err_msg=path)
+
+
 def test_hub_handles_plain_text_and_classify(tmp_path, monkeypatch, llama_dir):
     from keras_transformers.preprocessing import train_wordpiece
 

@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_transformers._atomic import atomic_directory
+from keras_transformers.cli import resume
 from keras_transformers.cli._common import (
     FINETUNE_DEFAULTS,
     LABELS_FILE,
@@ -28,6 +29,7 @@ from keras_transformers.cli._common import (
     quiet_stderr,
 )
 from keras_transformers.cli._training import fit, optimizer
+from keras_transformers.data.text import ShuffledBatches
 
 
 def accuracy_and_macro_f1(y_true: Any, y_pred: Any, num_classes: int) -> tuple:
@@ -168,6 +170,8 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
     output = Path(args.output or "runs/finetune")
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {output} exists and is not a directory.")
+    args.output = str(output)
+    resume.check_resume(args)
     with quiet_stderr():
         from keras_transformers.preprocessing import BertPreprocessor, train_wordpiece
     names = _label_names(labels)
@@ -186,6 +190,7 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
     kwargs = dict(num_classes=len(names), **overrides)
     if builtin:  # an architecture: a vocabulary learnt from the training texts
         tokenizer = train_wordpiece(train_texts, vocabulary_size=args.vocabulary_size)
+        tokenizer = resume.backed_up_tokenizer(args, tokenizer)
         kwargs.update(
             vocabulary_size=tokenizer.vocabulary_size,
             pad_token_id=tokenizer.pad_token_id,
@@ -210,7 +215,17 @@ def finetune_classifier(args: argparse.Namespace, **overrides: Any):
         f"parameters; {args.epochs} epochs of {len(train):,} texts x {length} "
         f"tokens; backend: {keras.config.backend()}."
     )
-    fit(model, x_train, (x_val, y[val]), args, "accuracy", y[train], args.batch_size)
+    callbacks = resume.resume_callbacks(args)
+    batches = ShuffledBatches(x_train, y[train], args.batch_size, seed=args.seed)
+    fit(
+        model,
+        callbacks[0].resumable(batches),
+        (x_val, y[val]),
+        args,
+        "accuracy",
+        shuffle=False,
+        callbacks=callbacks,
+    )
     predicted = np.argmax(model.predict(x_val, batch_size=256, verbose=0), axis=-1)
     accuracy, f1 = accuracy_and_macro_f1(y[val], predicted, len(names))
     majority = np.bincount(y[train], minlength=len(names)).argmax()

@@ -13,6 +13,7 @@ from keras_transformers.cli._common import (
     positive_float,
     positive_int,
 )
+from keras_transformers.cli.resume import add_resume_arguments
 
 
 def _defaults(key: str) -> str:
@@ -64,6 +65,7 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     _add_causal_lm_arguments(p)
+    add_resume_arguments(p)
 
 
 def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:

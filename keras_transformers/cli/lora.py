@@ -30,8 +30,10 @@ import keras
 import numpy as np
 
 from keras_transformers._atomic import atomic_directory
+from keras_transformers.cli import resume
 from keras_transformers.cli._common import FINETUNE_DEFAULTS, CLIError, quiet_stderr
 from keras_transformers.cli._training import optimizer
+from keras_transformers.data.text import ShuffledBatches
 
 ADAPTER_FILE = "adapter.lora.npz"
 LORA_FILE = "lora.json"
@@ -212,6 +214,8 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     output = Path(args.output or "runs/finetune")
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {output} exists and is not a directory.")
+    args.output = str(output)
+    resume.check_resume(args)
     start = time.perf_counter()
     model = _load_decoder(args.preset)
     length = min(args.sequence_length, model.config.max_sequence_length - 1)
@@ -255,14 +259,16 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     before = _evaluate(model, x_val, y_val, w_val, args.batch_size)
     print(f"Validation loss before: {before:.4f}")
     fit_start = time.perf_counter()
+    callbacks = resume.resume_callbacks(args)
+    batches = ShuffledBatches(
+        x_train, y_train, args.batch_size, seed=args.seed, sample_weight=w_train
+    )
     model.fit(
-        x_train,
-        y_train,
-        sample_weight=w_train,
-        batch_size=args.batch_size,
+        callbacks[0].resumable(batches),
         epochs=args.epochs,
-        shuffle=True,
+        shuffle=False,
         verbose=2,
+        callbacks=callbacks,
     )
     seconds = time.perf_counter() - fit_start
     after = _evaluate(model, x_val, y_val, w_val, args.batch_size)

@@ -1,7 +1,8 @@
 """Backups and `--resume` for the `train` jobs of the `keras-transformers`
-command (causal LM, bert, transformer and vit presets).
+command (causal LM, bert, transformer and vit presets) and its `finetune`
+jobs (classifier, LoRA).
 
-Every `train` job backs up its training state into `--checkpoint-dir`
+Every `train` and `finetune` job backs up its training state into `--checkpoint-dir`
 (default: `OUTPUT/checkpoint`) every `--checkpoint-every` steps (default:
 once per epoch) with `keras_transformers.training.BackupAndRestore`, and
 deletes the backup when training completes. After an interruption (an
@@ -14,7 +15,7 @@ batches in the same order), with the tokenizer the interrupted run trained
 with the weights of an uninterrupted run. The options that shape training
 must be the same as in the interrupted run; `--resume` checks them.
 
-The `train` parser adds its options from here (`add_resume_arguments`), so
+The `train` and `finetune` parsers add their options from here (`add_resume_arguments`), so
 this module imports nothing heavy at import time.
 """
 
@@ -53,12 +54,19 @@ TRAINING_OPTIONS = (
     "max_images",
     "augment",
     "label_smoothing",
+    "text_column",
+    "label_column",
+    "prompt_column",
+    "completion_column",
+    "lora_rank",
+    "lora_alpha",
+    "lora_target",
 )
 
 
 def add_resume_arguments(train: argparse.ArgumentParser) -> None:
     """Adds `--checkpoint-dir`, `--checkpoint-every` and `--resume` to the
-    `train` subcommand's parser."""
+    parser of a training subcommand (`train`, `finetune`)."""
     group = train.add_argument_group(
         "backups and --resume",
         "Training is backed up while it runs and the backup deleted when it "
@@ -85,7 +93,7 @@ def add_resume_arguments(train: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_dir(args: argparse.Namespace) -> Path:
-    """The backup directory of a `train` run (after `--output` is known)."""
+    """The backup directory of a run (after `--output` is known)."""
     if getattr(args, "checkpoint_dir", None):
         return Path(args.checkpoint_dir)
     return Path(args.output) / CHECKPOINT_DIR
@@ -145,7 +153,7 @@ def backed_up_tokenizer(args: argparse.Namespace, tokenizer):
 
 
 def resume_callbacks(args: argparse.Namespace) -> list:
-    """`[backup]`: the `BackupAndRestore` of a `train` run. Train with
+    """`[backup]`: the `BackupAndRestore` of a run. Train with
     `fit(backup.resumable(data), shuffle=False, callbacks=[..., *these])`."""
     from keras_transformers.training import BackupAndRestore
 

@@ -365,18 +365,25 @@ class ShuffledBatches(keras.utils.PyDataset):
         y: labels `[N, ...]`, or None for batches of `x` alone.
         batch_size: rows per batch.
         seed: seed of the order.
+        sample_weight: optional weights `[N, ...]` (with `y`): batches are
+            then `(x, y, sample_weight)`.
     """
 
-    def __init__(self, x, y=None, batch_size: int = 32, seed: int | None = 0) -> None:
+    def __init__(
+        self, x, y=None, batch_size: int = 32, seed: int | None = 0, sample_weight=None
+    ) -> None:
         super().__init__()
+        if sample_weight is not None and y is None:
+            raise ValueError("`sample_weight` needs labels `y`.")
         rows = {len(a) for a in keras.tree.flatten(x)}
-        if y is not None:
-            rows.add(len(y))
+        rows.update(len(a) for a in (y, sample_weight) if a is not None)
         if len(rows) != 1:
             raise ValueError(
-                f"`x` and `y` must have the same number of rows. Received {sorted(rows)}."
+                "`x`, `y` and `sample_weight` must have the same number of rows. "
+                f"Received {sorted(rows)}."
             )
         self.x, self.y, self.batch_size = x, y, batch_size
+        self.sample_weight = sample_weight
         self.num_rows = rows.pop()
         self.rng = np.random.default_rng(seed)
         self.order = self.rng.permutation(self.num_rows)
@@ -387,7 +394,11 @@ class ShuffledBatches(keras.utils.PyDataset):
     def __getitem__(self, index: int):
         rows = self.order[index * self.batch_size : (index + 1) * self.batch_size]
         x = keras.tree.map_structure(lambda a: a[rows], self.x)
-        return x if self.y is None else (x, self.y[rows])
+        if self.y is None:
+            return x
+        if self.sample_weight is None:
+            return x, self.y[rows]
+        return x, self.y[rows], self.sample_weight[rows]
 
     def on_epoch_end(self) -> None:
         self.order = self.rng.permutation(self.num_rows)

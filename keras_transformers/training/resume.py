@@ -38,8 +38,32 @@ import warnings
 from typing import Any
 
 import keras
+import numpy as np
+
+from keras_transformers._atomic import atomic_file
 
 BATCHES_DONE = "batches_done"  # key in Keras' training_metadata.json
+LORA_STATE = "lora_state.npz"  # LoRA layers' kernels and adapters, unmerged
+
+
+def _lora_variables(model) -> dict:
+    """`{key: variable}` of each LoRA layer's frozen kernel and its `A` and
+    `B`, which Keras' weight files store only merged into the kernel (and
+    restore with `A = B = 0`, ending the adapter's training)."""
+    layers = [
+        layer
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False)
+    ]
+    return {
+        f"{i}/{name}": getattr(layer, attr)
+        for i, layer in enumerate(layers)
+        for name, attr in (
+            ("kernel", "_kernel"),
+            ("a", "lora_kernel_a"),
+            ("b", "lora_kernel_b"),
+        )
+    }
 
 
 class ResumableBatches(keras.utils.PyDataset):
@@ -133,7 +157,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     up and stops at the uninterrupted run's last step (see the module
     docstring for where its epochs end). Without `resumable`, an
     interrupted epoch restarts from its first batch, as in Keras, with a
-    warning.
+    warning. A model with LoRA enabled (`enable_lora`) resumes with its
+    adapters and frozen kernels as they were (`lora_state.npz` beside the
+    weights), not merged.
 
     Args:
         backup_dir: directory of the backup (used by this callback only).
@@ -186,6 +212,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         with open(self._training_metadata_path) as f:
             done = int(json.load(f).get(BATCHES_DONE, 0))
         epoch = self.model._initial_epoch or 0
+        self._load_lora()
         if done and self.data is None:
             warnings.warn(
                 f"The backup in {self.backup_dir} is {done} batches into epoch "
@@ -220,8 +247,33 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self.model._initial_epoch = None
         super().on_train_end(logs)
 
+    def _lora_path(self) -> str:
+        return os.path.join(self.backup_dir, LORA_STATE)
+
+    def _load_lora(self) -> None:
+        variables = _lora_variables(self.model)
+        if not variables:
+            return
+        if not os.path.exists(self._lora_path()):
+            raise ValueError(
+                f"The backup in {self.backup_dir} has no {LORA_STATE}, but the model "
+                "has LoRA enabled: it was backed up without LoRA. Resume it with the "
+                "same model, or delete the backup to start over."
+            )
+        with np.load(self._lora_path(), allow_pickle=False) as saved:
+            for key, variable in variables.items():
+                variable.assign(keras.ops.cast(saved[key], variable.dtype))
+
     def _save_model(self) -> None:
         super()._save_model()
+        variables = _lora_variables(self.model)
+        if variables:
+            arrays = {
+                key: keras.ops.convert_to_numpy(keras.ops.cast(v, "float32"))
+                for key, v in variables.items()
+            }
+            with atomic_file(self._lora_path()) as partial, open(partial, "wb") as f:
+                np.savez(f, **arrays)
         epoch, done = divmod(self._step, self._steps())
         with open(self._training_metadata_path, "w") as f:
             json.dump({"epoch": epoch, "batch": done - 1, BATCHES_DONE: done}, f)
