@@ -103,3 +103,34 @@ def assert_greedy_matches(path, prompt, max_new_tokens: int = 8):
     lm = keras_transformers.from_preset(path)
     ours = lm.generate(prompt, max_new_tokens=max_new_tokens, stop_token_ids=None)
     np.testing.assert_array_equal(np.asarray(ours), expected)
+
+
+def seq2seq_batch(low, high, start, pad, shape=(9, 7), real=(6, 5)):
+    """`(source, source_mask, target, target_mask)`: sources `[2, S]` and
+    targets `[2, T]` (`shape`) of ids in `[low, high)`, targets starting
+    with the decoder start id `start`; the second pair is right-padded with
+    `pad` after `real` source and target tokens."""
+    rng = np.random.default_rng(1)
+    source = rng.integers(low, high, (2, shape[0])).astype("int32")
+    target = rng.integers(low, high, (2, shape[1])).astype("int32")
+    target[:, 0] = start
+    source_mask, target_mask = np.ones_like(source, bool), np.ones_like(target, bool)
+    source_mask[1, real[0] :], target_mask[1, real[1] :] = False, False
+    source[1, real[0] :], target[1, real[1] :] = pad, pad
+    return source, source_mask, target, target_mask
+
+
+def seq2seq_outputs(path, cls: str, batch) -> dict:
+    """Outputs (NumPy, by name: `logits`, `last_hidden_state`, ...) of the
+    `transformers` class named `cls` saved at `path` on a `seq2seq_batch`."""
+    source, source_mask, target, target_mask = (
+        torch.tensor(x.astype("int64")) for x in batch
+    )
+    with torch.no_grad():
+        out = reference(path, getattr(transformers, cls))(
+            input_ids=source,
+            attention_mask=source_mask,
+            decoder_input_ids=target,
+            decoder_attention_mask=target_mask,
+        )
+    return {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}

@@ -18,7 +18,13 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
-from hf_parity import randomize, record  # noqa: E402
+from hf_parity import (  # noqa: E402
+    randomize,
+    record,
+    reference,
+    seq2seq_batch,
+    seq2seq_outputs,
+)
 
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
@@ -116,38 +122,17 @@ def hf_dirs(tmp_path_factory):
 def _batch():
     """Sources `[2, 9]` and targets `[2, 7]` (starting with the decoder start
     token); the second pair is right-padded on both sides."""
-    rng = np.random.default_rng(1)
-    source = rng.integers(3, VOCAB, (2, 9)).astype("int32")
-    target = rng.integers(3, VOCAB, (2, 7)).astype("int32")
-    target[:, 0] = EOS
-    source_mask, target_mask = np.ones_like(source, bool), np.ones_like(target, bool)
-    source_mask[1, 6:], target_mask[1, 5:] = False, False
-    source[1, 6:], target[1, 5:] = PAD, PAD
-    return source, source_mask, target, target_mask
+    return seq2seq_batch(3, VOCAB, EOS, PAD)
 
 
 def _load_hf(path, cls):
-    return (
-        getattr(transformers, cls)
-        .from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-        .eval()
-    )
+    return reference(path, getattr(transformers, cls))
 
 
 def _hf(path, cls):
     """Outputs of HF `cls` loaded from `path` on `_batch()`, as NumPy arrays
     by name (`logits`, `last_hidden_state`, `encoder_last_hidden_state`)."""
-    source, source_mask, target, target_mask = (
-        torch.tensor(x.astype("int64")) for x in _batch()
-    )
-    with torch.no_grad():
-        out = _load_hf(path, cls)(
-            input_ids=source,
-            attention_mask=source_mask,
-            decoder_input_ids=target,
-            decoder_attention_mask=target_mask,
-        )
-    return {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    return seq2seq_outputs(path, cls, _batch())
 
 
 def _inputs():

@@ -14,6 +14,7 @@ from contracts import edited_hf_dir, randomize_weights
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+from hf_parity import seq2seq_batch  # noqa: E402
 
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
@@ -82,14 +83,7 @@ def hf_dirs(tmp_path_factory):
 def _batch():
     """Sources `[2, 9]` and targets `[2, 7]` (starting with the decoder start
     token); the second pair is right-padded on both sides."""
-    rng = np.random.default_rng(1)
-    source = rng.integers(1, PAD, (2, 9)).astype("int32")
-    target = rng.integers(1, PAD, (2, 7)).astype("int32")
-    target[:, 0] = PAD
-    source_mask, target_mask = np.ones_like(source, bool), np.ones_like(target, bool)
-    source_mask[1, 6:], target_mask[1, 5:] = False, False
-    source[1, 6:], target[1, 5:] = PAD, PAD
-    return source, source_mask, target, target_mask
+    return seq2seq_batch(1, PAD, PAD, PAD)
 
 
 def _hf(path, cls):

@@ -19,7 +19,13 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
-from hf_parity import randomize, record  # noqa: E402
+from hf_parity import (  # noqa: E402
+    randomize,
+    record,
+    reference,
+    seq2seq_batch,
+    seq2seq_outputs,
+)
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 import keras_transformers  # noqa: E402
@@ -107,35 +113,16 @@ def hf_dirs(tmp_path_factory):
 def _batch():
     """Sources `[2, 22]` and targets `[2, 20]` (starting with the decoder
     start token); the second pair is right-padded on both sides."""
-    rng = np.random.default_rng(1)
-    source = rng.integers(2, VOCAB, (2, 22)).astype("int32")
-    target = rng.integers(2, VOCAB, (2, 20)).astype("int32")
-    target[:, 0] = PAD
-    source_mask, target_mask = np.ones_like(source, bool), np.ones_like(target, bool)
-    source_mask[1, 15:], target_mask[1, 12:] = False, False
-    source[1, 15:], target[1, 12:] = PAD, PAD
-    return source, source_mask, target, target_mask
+    return seq2seq_batch(2, VOCAB, PAD, PAD, shape=(22, 20), real=(15, 12))
 
 
 def _load_hf(path, cls):
-    return getattr(transformers, cls).from_pretrained(
-        path, attn_implementation="eager", dtype=torch.float32
-    )
+    return reference(path, getattr(transformers, cls))
 
 
 def _hf(path, cls):
     """Outputs (numpy) of HF `cls` loaded from `path` on `_batch()`."""
-    source, source_mask, target, target_mask = (
-        torch.tensor(x.astype("int64")) for x in _batch()
-    )
-    with torch.no_grad():
-        out = _load_hf(path, cls).eval()(
-            input_ids=source,
-            attention_mask=source_mask,
-            decoder_input_ids=target,
-            decoder_attention_mask=target_mask,
-        )
-    return {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    return seq2seq_outputs(path, cls, _batch())
 
 
 def _ours(model):
