@@ -74,12 +74,19 @@ def _ffn_params(config, intermediate: int | None = None) -> int:
 
 
 def _moe_params(config, active: bool) -> int:
-    moe = config.moe
+    """Router, routed experts (all, or the top-k when `active`) and the
+    always-on shared experts (each of `shared_expert_intermediate_dim`, plus
+    a `[D, 1]` gate with `shared_expert_gate`); no biases."""
+    moe, d = config.moe, config.hidden_dim
     f = moe.expert_intermediate_dim or config.intermediate_dim
-    expert = (3 if config.gated_feed_forward else 2) * config.hidden_dim * f  # no bias
+    per_unit = (3 if config.gated_feed_forward else 2) * d  # per hidden unit
     experts = moe.num_experts_per_token if active else moe.num_experts
-    router = config.hidden_dim * moe.num_experts
-    return router + (experts + moe.num_shared_experts) * expert
+    router = d * moe.num_experts
+    shared = (
+        moe.num_shared_experts * per_unit * (moe.shared_expert_intermediate_dim or f)
+    )
+    gate = d if moe.shared_expert_gate else 0
+    return router + experts * per_unit * f + shared + gate
 
 
 def classifier_params(config, num_classes: int, distillation_head=False) -> int:

@@ -28,7 +28,7 @@ Glossary (ours -> paper / Hugging Face):
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
 ``separate_decoder_positions`` BART's own decoder.embed_positions table
-``moe.num_experts``     num_local_experts (Mixtral)
+``moe.num_experts``     num_local_experts (Mixtral) / num_experts (Qwen-MoE)
 ``vision.image_size``   image_size (ViT); ``patch_size``, ``num_channels`` alike
 ``vision.rescale``      rescale_factor (HF image processor)
 ``vision.mean / std``   image_mean / image_std (HF image processor)
@@ -72,20 +72,17 @@ class MoEConfig(_Group):
     Attributes:
         num_experts: experts per MoE layer (Mixtral: 8).
         num_experts_per_token: top-k experts each token is routed to.
-        expert_intermediate_dim: hidden size of each expert; None means the
-            model's `intermediate_dim`.
-        normalize_router_weights: renormalise the top-k router probabilities to
-            sum to one (Mixtral does).
-        router_aux_loss_coef: load-balancing loss coefficient (HF
-            `router_aux_loss_coef`).
+        expert_intermediate_dim: each expert's width F; None = `intermediate_dim`.
+        normalize_router_weights: renormalise the top-k weights (Mixtral does).
+        router_aux_loss_coef: load-balancing loss coefficient (same in HF).
         router_z_loss_coef: router z-loss coefficient (ST-MoE).
         router_jitter: multiplicative jitter noise on router inputs in training.
-        capacity_factor: expert capacity as a multiple of the even share of
-            tokens; None is dropless.
-        dispatch: "sparse" (grouped matmul; cost scales with top-k) or "dense"
-            (every expert on every token; the reference).
-        every_k_layers: MoE in every k-th layer, dense feed-forward elsewhere.
+        capacity_factor: expert capacity / even share of tokens; None: dropless.
+        dispatch: "sparse" (grouped matmul) or "dense" (all experts: reference).
+        every_k_layers: MoE in blocks k-1, 2k-1, ... (HF `decoder_sparse_step`).
         num_shared_experts: always-on experts added to the routed ones.
+        shared_expert_intermediate_dim: each shared expert's width; None = F.
+        shared_expert_gate: shared output times `sigmoid(x @ w)`, `w [D, 1]`.
     """
 
     num_experts: int = 8
@@ -99,16 +96,15 @@ class MoEConfig(_Group):
     dispatch: str = "sparse"
     every_k_layers: int = 1
     num_shared_experts: int = 0
+    shared_expert_intermediate_dim: int | None = None
+    shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         _check_int("moe.num_experts", self.num_experts, 1)
-        _check_int("moe.num_experts_per_token", self.num_experts_per_token, 1)
-        if self.num_experts_per_token > self.num_experts:
-            _fail(
-                "moe.num_experts_per_token",
-                self.num_experts_per_token,
-                f"at most moe.num_experts={self.num_experts}",
-            )
+        k, e = self.num_experts_per_token, self.num_experts
+        _check_int("moe.num_experts_per_token", k, 1)
+        if k > e:
+            _fail("moe.num_experts_per_token", k, f"at most moe.num_experts={e}")
         _check_int("moe.expert_intermediate_dim", self.expert_intermediate_dim, 1, True)
         _check_bool("moe.normalize_router_weights", self.normalize_router_weights)
         _check_float("moe.router_aux_loss_coef", self.router_aux_loss_coef, 0.0)
@@ -119,6 +115,11 @@ class MoEConfig(_Group):
         _check_choice("moe.dispatch", self.dispatch, DISPATCH_MODES)
         _check_int("moe.every_k_layers", self.every_k_layers, 1)
         _check_int("moe.num_shared_experts", self.num_shared_experts, 0)
+        dim, gate = self.shared_expert_intermediate_dim, self.shared_expert_gate
+        _check_int("moe.shared_expert_intermediate_dim", dim, 1, True)
+        _check_bool("moe.shared_expert_gate", gate)
+        if not self.num_shared_experts and (dim or gate):  # Qwen2-MoE: 1 gated
+            _fail("moe.num_shared_experts", 0, ">= 1 with shared_expert_* set")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def axis_sizes(config: TransformerConfig) -> dict:
     moe = config.moe
     mlp = config.intermediate_dim
     if moe is not None:  # dense layers (if any) and experts share the rule
-        mlp = math.gcd(mlp, moe.expert_intermediate_dim or mlp)
+        expert = moe.expert_intermediate_dim or mlp
+        mlp = math.gcd(mlp, expert, moe.shared_expert_intermediate_dim or expert)
     return {
         "heads": config.num_heads,
         "kv_heads": config.num_kv_heads or config.num_heads,

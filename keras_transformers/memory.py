@@ -265,8 +265,10 @@ def _block_elements(config, tokens_context, moe, cross_context=0, fused=True):
     if moe:
         m = c.moe
         f = m.expert_intermediate_dim or c.intermediate_dim
-        routed = (4 if c.gated_feed_forward else 3) * f + 2 * d
-        elements += (m.num_experts_per_token + m.num_shared_experts) * routed
+        per_unit = 4 if c.gated_feed_forward else 3
+        shared = m.shared_expert_intermediate_dim or f
+        elements += m.num_experts_per_token * (per_unit * f + 2 * d)
+        elements += m.num_shared_experts * (per_unit * shared + 2 * d)
         f32 += 2 * m.num_experts
     else:
         elements += ffn_hidden

@@ -41,6 +41,10 @@ PUBLISHED = {
     "t5_small": (60_506_624, 1e-12),
     "t5_base": (222_903_552, 1e-12),
     "flan_t5_base": (222_903_552 + 32_128 * 768, 1e-12),
+    # Exact: transformers' Qwen2Moe / Qwen3MoeForCausalLM built from the
+    # published config.json under torch.device("meta"), numel summed.
+    "qwen1.5_moe_a2.7b": (14_315_784_192, 1e-12),
+    "qwen3_30b_a3b": (30_532_122_624, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {

@@ -35,7 +35,9 @@ from keras_transformers.convert import (
     mixtral,
     phi3,  # noqa: F401 (registers "phi3"; exported with model_type="phi3")
     qwen2,
+    qwen2_moe,
     qwen3,
+    qwen3_moe,
     roberta,  # noqa: F401 (registers "roberta", "xlm-roberta", "camembert")
     t5,
     vit,
@@ -92,7 +94,8 @@ def hf_preset_data(path) -> dict:
         `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
         `MarianModel` / `BartModel` / `T5Model`, else `Seq2SeqLM`; Mixtral:
         `MixtralBackbone` for
-        `MixtralModel`, else `MixtralCausalLM`; ViT: `ViTClassifier` for
+        `MixtralModel` (`Qwen2MoeModel`, `Qwen3MoeModel`), else
+        `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
         normalisation from `preprocessor_config.json`, see
         `keras_transformers.convert.vit`; DeiT and DINOv2:
@@ -215,6 +218,19 @@ def _gpt_converter(config, model_type=None):
     return llama
 
 
+def _mixtral_converter(config, model_type=None):
+    """The converter a Mixtral-family `config` exports with: `model_type`
+    when given; else qwen3_moe (`qk_norm`), qwen2_moe (a gated shared
+    expert, or `qkv_bias`) or mixtral."""
+    if model_type is not None:
+        return _converter_of_family(model_type, "mixtral")
+    if config.qk_norm:
+        return qwen3_moe
+    if (config.moe is not None and config.moe.shared_expert_gate) or config.qkv_bias:
+        return qwen2_moe
+    return mixtral
+
+
 def _vit_converter(config, model_type=None):
     """The converter a ViT-family `config` exports with: `model_type` when
     given; else deit (`vision.distillation_token`), dinov2 (`layer_scale`)
@@ -254,9 +270,11 @@ def export_hf(model, directory, model_type=None) -> None:
     `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
     as "marian" (sinusoidal positions), "bart" (learned positions) or "t5"
     (relative position bias);
-    Mixtral-family models as "mixtral"; ViT-family models as "vit", "deit"
-    (with `vision.distillation_token`) or "dinov2" (with `layer_scale`),
-    plus a `preprocessor_config.json` when the model normalises its inputs.
+    Mixtral-family models as "mixtral" ("qwen3_moe" with
+    `qk_norm`, "qwen2_moe" with a gated shared expert or `qkv_bias`, or
+    `model_type`); ViT-family models as "vit", "deit" (with
+    `vision.distillation_token`) or "dinov2" (with `layer_scale`), plus a
+    `preprocessor_config.json` when the model normalises its inputs.
 
     The export is atomic, as `save_to_preset` is: the files go to a fresh
     sibling directory that replaces `directory` once complete, so a killed
@@ -271,8 +289,9 @@ def export_hf(model, directory, model_type=None) -> None:
             `ViTClassifier`.
         directory: output directory (created if needed; an existing one
             must be empty or hold a `config.json`).
-        model_type: for a GPT-, BERT- or ViT-family model, the Hugging
-            Face `model_type` to write (None: chosen from the config as above).
+        model_type: for a GPT-, BERT-, Mixtral- or ViT-family model, the
+            Hugging Face `model_type` to write (None: chosen from the config
+            as above).
 
     Raises:
         ValueError: the model has options the target format cannot express,
@@ -280,10 +299,10 @@ def export_hf(model, directory, model_type=None) -> None:
     """
     backbone = getattr(model, "backbone", model)
     family = getattr(backbone, "family", None)
-    if model_type is not None and family not in ("gpt", "bert", "vit"):
+    if model_type is not None and family not in ("gpt", "bert", "mixtral", "vit"):
         raise ValueError(
-            f"model_type={model_type!r} applies to GPT-, BERT- and ViT-family models "
-            "only; "
+            f"model_type={model_type!r} applies to GPT-, BERT-, Mixtral- and ViT-family "
+            "models only; "
             f"{type(model).__name__} exports in its own format (model_type=None)."
         )
     if family == "bert":
@@ -294,7 +313,7 @@ def export_hf(model, directory, model_type=None) -> None:
         learned = backbone.config.position_embedding == "learned"
         hf, tensors = (bart if learned else marian).export(model)
     elif family == "mixtral":
-        hf, tensors = mixtral.export(model)
+        hf, tensors = _mixtral_converter(backbone.config, model_type).export(model)
     elif family == "vit":
         hf, tensors = _vit_converter(backbone.config, model_type).export(model)
     elif family == "gpt":
@@ -307,7 +326,8 @@ def export_hf(model, directory, model_type=None) -> None:
             "export_hf supports GPT-family (GPT-2 / Llama / Mistral / Qwen / Gemma / "
             "Phi-3 layouts), "
             "BERT-family, "
-            f"seq2seq (Marian), Mixtral and ViT models. Received: {type(model).__name__}."
+            "seq2seq (Marian), Mixtral (Mixtral / Qwen-MoE layouts) and ViT models. "
+            f"Received: {type(model).__name__}."
         )
     tokenizer = getattr(model, "tokenizer", None)
     with atomic_directory(directory, markers=("config.json",)) as path:

@@ -126,16 +126,27 @@ def _layers(block):
     return out
 
 
-def _load_mlp(block, checkpoint, prefix: str) -> None:
+def load_mlp(feed_forward, checkpoint, name: str) -> None:
+    """A gated `FeedForward` from `{name}.gate_proj` / `up_proj` /
+    `down_proj` (also Qwen-MoE's dense layers and shared expert)."""
     for attr, hf_name in MLP.items():
-        layer = getattr(block.feed_forward, attr)
-        load_layer(layer, checkpoint.get, f"{prefix}mlp.{hf_name}", transpose=True)
+        layer = getattr(feed_forward, attr)
+        load_layer(layer, checkpoint.get, f"{name}.{hf_name}", transpose=True)
+
+
+def export_mlp(out: dict, feed_forward, name: str) -> None:
+    """Inverse of `load_mlp`."""
+    for attr, hf_name in MLP.items():
+        layer = getattr(feed_forward, attr)
+        export_layer(out, layer, f"{name}.{hf_name}", transpose=True)
+
+
+def _load_mlp(block, checkpoint, prefix: str) -> None:
+    load_mlp(block.feed_forward, checkpoint, prefix + "mlp")
 
 
 def _export_mlp(out: dict, block, prefix: str) -> None:
-    for attr, hf_name in MLP.items():
-        layer = getattr(block.feed_forward, attr)
-        export_layer(out, layer, f"{prefix}mlp.{hf_name}", transpose=True)
+    export_mlp(out, block.feed_forward, prefix + "mlp")
 
 
 def load_weights(

@@ -58,6 +58,10 @@ DEFAULTS = dict(
     rms_norm_eps=1e-5,
     rope_theta=1e6,
 )
+# Per-expert tensor names under `...layers.{i}.`: (the block's module, gate,
+# up and down projection); Qwen-MoE's are ("mlp.", "gate_proj", "up_proj",
+# "down_proj").
+EXPERT_NAMES = ("block_sparse_moe.", "w1", "w3", "w2")
 # MoE options HF Mixtral always has: field -> value.
 MOE_LAYOUT = dict(
     normalize_router_weights=True,
@@ -99,40 +103,51 @@ def config_from_hf(hf: dict) -> dict:
     return fields
 
 
-def preset_data(hf: dict) -> dict:
-    base = set(hf.get("architectures") or ()) == {BASE_ARCHITECTURE}
+def family_preset_data(hf: dict, base_architecture: str, fields: dict) -> dict:
+    """Preset data of a mixtral-family checkpoint: `MixtralBackbone` for the
+    base model (`architectures == [base_architecture]`), else
+    `MixtralCausalLM`, with config `fields`."""
+    base = set(hf.get("architectures") or ()) == {base_architecture}
     name = "MixtralBackbone" if base else "MixtralCausalLM"
-    return {"family": FAMILY, "class_name": name, "config": config_from_hf(hf)}
+    return {"family": FAMILY, "class_name": name, "config": fields}
 
 
-def _load_experts(block, checkpoint, name: str) -> None:
-    """Router and experts of one block (`name`: `...layers.{i}.`)."""
-    moe = block.feed_forward
+def preset_data(hf: dict) -> dict:
+    return family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
+
+
+def load_routed(moe, checkpoint, name: str, names=EXPERT_NAMES) -> None:
+    """Router and routed experts of `moe` (a `SparseMoE`) in block `name`
+    (`...layers.{i}.`): per-expert tensors called as in `names` (see
+    `EXPERT_NAMES`), or transformers 5's fused `mlp.experts.gate_up_proj` /
+    `down_proj` with router `mlp.gate.weight`."""
+    module, *projections = names
     get, (e, f, d) = checkpoint.get, tuple(moe.expert_down.shape)
-    legacy = name + "block_sparse_moe."
-    if (
-        legacy + "gate.weight" not in checkpoint
-        and name + "mlp.gate.weight" in checkpoint
-    ):
+    first = f"{name}{module}experts.0.{projections[0]}.weight"
+    if first not in checkpoint and name + "mlp.experts.gate_up_proj" in checkpoint:
         router = name + "mlp.gate.weight"
         gate_up = get(name + "mlp.experts.gate_up_proj")
         down = get(name + "mlp.experts.down_proj")
         check_shape(gate_up, (e, 2 * f, d), name + "mlp.experts.gate_up_proj", moe.path)
         check_shape(down, (e, d, f), name + "mlp.experts.down_proj", moe.path)
     else:
-        router, parts = legacy + "gate.weight", {}
-        for w, shape in (("w1", (f, d)), ("w3", (f, d)), ("w2", (d, f))):
+        router, parts = name + module + "gate.weight", []
+        for w, shape in zip(projections, ((f, d), (f, d), (d, f))):
             tensors = []
             for x in range(e):
-                n = f"{legacy}experts.{x}.{w}.weight"
+                n = f"{name}{module}experts.{x}.{w}.weight"
                 tensors.append(get(n))
                 check_shape(tensors[-1], shape, n, moe.path)
-            parts[w] = np.stack(tensors)
-        gate_up = np.concatenate([parts["w1"], parts["w3"]], axis=1)  # [E, 2F, D]
-        down = parts["w2"]
+            parts.append(np.stack(tensors))
+        gate_up = np.concatenate(parts[:2], axis=1)  # [E, 2F, D]
+        down = parts[2]
     assign(moe.router_kernel, get(router), router, transpose=True)
     assign(moe.expert_gate_up, gate_up.transpose(0, 2, 1), name + "experts (gate, up)")
     assign(moe.expert_down, down.transpose(0, 2, 1), name + "experts (down)")
+
+
+def _load_experts(block, checkpoint, name: str) -> None:
+    load_routed(block.feed_forward, checkpoint, name)
 
 
 def load_weights(backbone, checkpoint, require_head: bool) -> None:
@@ -141,6 +156,21 @@ def load_weights(backbone, checkpoint, require_head: bool) -> None:
     llama.load_weights(
         backbone, checkpoint, require_head, MODEL_TYPE, feed_forward=_load_experts
     )
+
+
+def check_moe_layout(moe, layout: dict, model_type: str) -> None:
+    """Raises a ValueError naming every `moe.<field>` of `moe` (a
+    `MoEConfig`) that differs from `layout` (field -> the value
+    `model_type` needs)."""
+    bad = {
+        f"moe.{k}": getattr(moe, k) for k, v in layout.items() if getattr(moe, k) != v
+    }
+    if bad:
+        needed = {f"moe.{k}": v for k, v in layout.items() if f"moe.{k}" in bad}
+        raise ValueError(
+            f"This model cannot be exported as Hugging Face {model_type!r}: it has "
+            f"{bad}, but {model_type} needs {needed}."
+        )
 
 
 def hf_config(config) -> dict:
@@ -155,17 +185,7 @@ def hf_config(config) -> dict:
     required.update(layout, gated_feed_forward=True, use_bias=False)
     check_exportable(config, required, MODEL_TYPE)
     moe = config.moe
-    bad = {
-        f"moe.{k}": getattr(moe, k)
-        for k, v in MOE_LAYOUT.items()
-        if getattr(moe, k) != v
-    }
-    if bad:
-        needed = {f"moe.{k}": v for k, v in MOE_LAYOUT.items() if f"moe.{k}" in bad}
-        raise ValueError(
-            f"This model cannot be exported as Hugging Face {MODEL_TYPE!r}: it has "
-            f"{bad}, but {MODEL_TYPE} needs {needed}."
-        )
+    check_moe_layout(moe, MOE_LAYOUT, MODEL_TYPE)
     expert_dim = moe.expert_intermediate_dim or config.intermediate_dim
     dense = config.replace(moe=None, sliding_window=None, intermediate_dim=expert_dim)
     hf = llama.hf_config(dense)
@@ -182,17 +202,22 @@ def hf_config(config) -> dict:
     return hf
 
 
-def _export_experts(out: dict, block, prefix: str) -> None:
-    """Router and experts of one block under the per-expert names."""
-    moe, name = block.feed_forward, prefix + "block_sparse_moe."
-    f = moe.intermediate_dim
+def export_routed(out: dict, moe, prefix: str, names=EXPERT_NAMES) -> None:
+    """Router and routed experts of `moe` (a `SparseMoE`) in block `prefix`
+    under the per-expert names `names` (inverse of `load_routed`)."""
+    module, gate, up, down_name = names
+    name, f = prefix + module, moe.intermediate_dim
     out[name + "gate.weight"] = fetch(moe.router_kernel, transpose=True)
     gate_up, down = fetch(moe.expert_gate_up), fetch(moe.expert_down)
     for e in range(moe.num_experts):
         expert = f"{name}experts.{e}."
-        out[expert + "w1.weight"] = np.ascontiguousarray(gate_up[e, :, :f].T)
-        out[expert + "w3.weight"] = np.ascontiguousarray(gate_up[e, :, f:].T)
-        out[expert + "w2.weight"] = np.ascontiguousarray(down[e].T)
+        out[f"{expert}{gate}.weight"] = np.ascontiguousarray(gate_up[e, :, :f].T)
+        out[f"{expert}{up}.weight"] = np.ascontiguousarray(gate_up[e, :, f:].T)
+        out[f"{expert}{down_name}.weight"] = np.ascontiguousarray(down[e].T)
+
+
+def _export_experts(out: dict, block, prefix: str) -> None:
+    export_routed(out, block.feed_forward, prefix)
 
 
 def export_weights(backbone) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Sparse mixture-of-experts feed-forward (Mixtral / Switch style)."""
+"""Sparse mixture-of-experts feed-forward (Mixtral / Switch / Qwen-MoE style)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from keras import ops
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
 from keras_transformers.backend import moe as moe_backend
+from keras_transformers.layers.core import Dense
 from keras_transformers.layers.feed_forward import FeedForward, activation_fn
 from keras_transformers.layers.moe_dispatch import (
     dense_experts,
@@ -59,8 +60,14 @@ class SparseMoE(keras.layers.Layer):
             per expert; the overflow is dropped. None = dropless.
         dispatch: "sparse" (grouped matmul; cost scales with k) or "dense"
             (every expert on every token; the reference).
-        num_shared_experts: always-on experts (one gated feed-forward of
-            width `num_shared_experts * F`) added to the routed output.
+        num_shared_experts: always-on experts (one feed-forward of width
+            `num_shared_experts * S`, gated like the routed experts) added to
+            the routed output.
+        shared_expert_intermediate_dim: S, hidden size of each shared
+            expert; None means F (Qwen2-MoE:
+            `shared_expert_intermediate_size`).
+        shared_expert_gate: multiply the shared output per token by
+            `sigmoid(x @ w)` with `w [D, 1]`, no bias (Qwen2-MoE).
         kernel_initializer: initializer of all kernels.
         seed: seed of the jitter noise.
 
@@ -95,6 +102,8 @@ class SparseMoE(keras.layers.Layer):
         capacity_factor=None,
         dispatch="sparse",
         num_shared_experts=0,
+        shared_expert_intermediate_dim=None,
+        shared_expert_gate=False,
         kernel_initializer="glorot_uniform",
         seed=None,
         **kwargs,
@@ -110,6 +119,15 @@ class SparseMoE(keras.layers.Layer):
             raise ValueError(
                 f"`capacity_factor` must be > 0 (or None for dropless routing). "
                 f"Received: capacity_factor={capacity_factor}"
+            )
+        if not num_shared_experts and (
+            shared_expert_intermediate_dim or shared_expert_gate
+        ):
+            raise ValueError(
+                "`shared_expert_intermediate_dim` and `shared_expert_gate` describe "
+                "shared experts: set `num_shared_experts` >= 1. Received: "
+                f"num_shared_experts={num_shared_experts}, shared_expert_intermediate_dim="
+                f"{shared_expert_intermediate_dim}, shared_expert_gate={shared_expert_gate}"
             )
         if dispatch not in DISPATCH:
             raise ValueError(
@@ -128,6 +146,8 @@ class SparseMoE(keras.layers.Layer):
         self.capacity_factor = capacity_factor
         self.dispatch = dispatch
         self.num_shared_experts = num_shared_experts
+        self.shared_expert_intermediate_dim = shared_expert_intermediate_dim
+        self.shared_expert_gate = shared_expert_gate
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -146,10 +166,11 @@ class SparseMoE(keras.layers.Layer):
         self.expert_down = self.add_weight(
             name="expert_down", shape=(e, f, d), initializer=init
         )
-        self.shared_experts = None
+        self.shared_experts = self.shared_gate = None
         if self.num_shared_experts:
+            shared = self.shared_expert_intermediate_dim or f
             self.shared_experts = FeedForward(
-                self.num_shared_experts * f,
+                self.num_shared_experts * shared,
                 activation=self.activation,
                 gated=self.gated,
                 use_bias=False,
@@ -158,6 +179,15 @@ class SparseMoE(keras.layers.Layer):
                 name="shared_experts",
             )
             self.shared_experts.build(input_shape)
+        if self.shared_expert_gate:
+            self.shared_gate = Dense(
+                1,
+                use_bias=False,
+                kernel_initializer=init,
+                dtype=self.dtype_policy,
+                name="shared_expert_gate",
+            )
+            self.shared_gate.build(input_shape)
         stat = lambda name, shape=(): self.add_weight(  # noqa: E731
             name=name,
             shape=shape,
@@ -268,7 +298,7 @@ class SparseMoE(keras.layers.Layer):
                 tokens, expert_ids, weights, real, self.apply_experts, e, capacity
             )
         if self.shared_experts is not None:
-            out = out + call_layer(self.shared_experts, tokens, training=training)
+            out = out + self._shared_output(tokens, training)
         if training is not None:
             real = real()
             aux, z = self._router_losses(logits, probs, expert_ids, real)
@@ -280,6 +310,13 @@ class SparseMoE(keras.layers.Layer):
             dropped = 0.0 if plan is None else plan.dropped_fraction()
             self._record_statistics(aux, z, expert_ids, real, dropped)
         return ops.reshape(out, shape)
+
+    def _shared_output(self, tokens, training):
+        """The shared experts on `tokens [N, D]`, gated per token -> `[N, D]`."""
+        shared = call_layer(self.shared_experts, tokens, training=training)
+        if self.shared_gate is None:
+            return shared
+        return ops.sigmoid(call_layer(self.shared_gate, tokens)) * shared  # [N, 1]
 
     def _router_losses(self, logits, probs, expert_ids, real):
         """(load-balancing loss, z-loss), averaged over real tokens."""
@@ -323,6 +360,8 @@ class SparseMoE(keras.layers.Layer):
             capacity_factor=self.capacity_factor,
             dispatch=self.dispatch,
             num_shared_experts=self.num_shared_experts,
+            shared_expert_intermediate_dim=self.shared_expert_intermediate_dim,
+            shared_expert_gate=self.shared_expert_gate,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             seed=self.seed,
         )

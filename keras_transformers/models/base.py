@@ -193,6 +193,8 @@ def moe_feed_forward(config: TransformerConfig, index: int, dtype):
         capacity_factor=moe.capacity_factor,
         dispatch=moe.dispatch,
         num_shared_experts=moe.num_shared_experts,
+        shared_expert_intermediate_dim=moe.shared_expert_intermediate_dim,
+        shared_expert_gate=moe.shared_expert_gate,
         kernel_initializer=initializer(config),
         dtype=dtype,
         name="moe",

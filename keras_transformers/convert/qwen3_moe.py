@@ -1,0 +1,96 @@
+"""Hugging Face Qwen3-MoE (`model_type: "qwen3_moe"`) <-> the mixtral family.
+
+`Qwen3MoeForCausalLM` loads as `MixtralCausalLM`, `Qwen3MoeModel` as
+`MixtralBackbone`. Attention is Qwen3's (`keras_transformers.convert.qwen3`:
+no biases, per-head `q_norm` / `k_norm`, the config's `qk_norm`; `head_dim`
+explicit); the sparse layers are Qwen2-MoE's without the shared expert
+(`keras_transformers.convert.qwen2_moe`: router `mlp.gate`, experts
+`mlp.experts.{e}.{gate,up,down}_proj` or the fused layout, dense layers from
+`decoder_sparse_step` / `mlp_only_layers` when every k-th layer is sparse).
+`norm_topk_prob` (True in Qwen3-30B-A3B) -> `moe.normalize_router_weights`.
+The expert count is read from `num_experts` (the published configs) or
+`num_local_experts` (what transformers 5 saves) and exported as
+`num_experts`. `attention_bias=true` and `use_sliding_window` are refused.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from keras_transformers.convert import llama, mixtral, qwen2, qwen2_moe
+from keras_transformers.registry import register_converter
+
+MODEL_TYPE = "qwen3_moe"
+FAMILY = "mixtral"
+BASE_ARCHITECTURE = "Qwen3MoeModel"
+ARCHITECTURE = "Qwen3MoeForCausalLM"
+PREFIXES = llama.PREFIXES
+PROBE = llama.PROBE
+# Qwen3MoeConfig defaults where they differ from Llama's.
+DEFAULTS = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=24,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=32768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=False,
+    router_aux_loss_coef=0.001,
+)
+# No shared expert.
+LAYOUT = dict(
+    num_shared_experts=0, shared_expert_intermediate_dim=None, shared_expert_gate=False
+)
+
+
+@register_converter(MODEL_TYPE)
+def config_from_hf(hf: dict) -> dict:
+    """TransformerConfig fields for an HF Qwen3-MoE `config.json` dict.
+
+    Raises:
+        ValueError: an option we cannot reproduce (`attention_bias`,
+            `use_sliding_window`, sparse layers not every k-th, activation
+            other than silu, rope scaling other than linear) or an invalid
+            expert count.
+    """
+    if hf.get("attention_bias", False):
+        raise ValueError(
+            "Qwen3-MoE config has attention_bias=True (biases on the q, k, v and o "
+            "projections), which keras_transformers cannot represent; only "
+            "attention_bias=false converts."
+        )
+    qwen2.check_full_attention(hf, "Qwen3-MoE")
+    fields = llama.derived_config(hf, "Qwen3-MoE", DEFAULTS, **qwen2.NO_BIAS)
+    moe = qwen2_moe.moe_fields(hf, "Qwen3-MoE", DEFAULTS)
+    return {**fields, "qk_norm": True, "moe": moe}
+
+
+def preset_data(hf: dict) -> dict:
+    return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
+
+
+load_weights = partial(qwen2_moe.load_weights, model_type=MODEL_TYPE)
+export_weights = qwen2_moe.export_weights
+
+
+def hf_config(config) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`."""
+    hf = qwen2_moe.moe_hf_config(config, MODEL_TYPE, LAYOUT, qk_norm=True)
+    return {**hf, "attention_bias": False, "use_sliding_window": False}
+
+
+def export(model) -> tuple[dict, dict[str, np.ndarray]]:
+    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
+    or `MixtralBackbone` (both export as `Qwen3MoeForCausalLM`)."""
+    backbone = getattr(model, "backbone", model)
+    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
+    return hf, export_weights(backbone)
+
+
+__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
