@@ -1,0 +1,149 @@
+"""The option groups of `TransformerConfig`: the sparse mixture of experts
+(`moe`) and image inputs (`vision`). Import them from
+`keras_transformers.config`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keras_transformers._validation import (
+    _check_bool,
+    _check_choice,
+    _check_float,
+    _check_int,
+    _check_numbers,
+    _fail,
+    _Group,
+)
+
+DISPATCH_MODES = ("sparse", "dense")
+POOLINGS = ("token", "mean", "token_and_mean")
+
+
+@dataclass(frozen=True)
+class MoEConfig(_Group):
+    """Sparse mixture-of-experts feed-forward (Mixtral-style).
+
+    Attributes:
+        num_experts: experts per MoE layer (Mixtral: 8).
+        num_experts_per_token: top-k experts each token is routed to.
+        expert_intermediate_dim: each expert's width F; None = `intermediate_dim`.
+        normalize_router_weights: renormalise the top-k weights (Mixtral does).
+        router_aux_loss_coef: load-balancing loss coefficient (same in HF).
+        router_z_loss_coef: router z-loss coefficient (ST-MoE).
+        router_jitter: multiplicative jitter noise on router inputs in training.
+        capacity_factor: expert capacity / even share of tokens; None: dropless.
+        dispatch: "sparse" (grouped matmul) or "dense" (all experts: reference).
+        every_k_layers: MoE in blocks k-1, 2k-1, ... (HF `decoder_sparse_step`).
+        num_shared_experts: always-on experts added to the routed ones.
+        shared_expert_intermediate_dim: each shared expert's width; None = F.
+        shared_expert_gate: shared output times `sigmoid(x @ w)`, `w [D, 1]`.
+    """
+
+    num_experts: int = 8
+    num_experts_per_token: int = 2
+    expert_intermediate_dim: int | None = None
+    normalize_router_weights: bool = True
+    router_aux_loss_coef: float = 0.02
+    router_z_loss_coef: float = 0.0
+    router_jitter: float = 0.0
+    capacity_factor: float | None = None
+    dispatch: str = "sparse"
+    every_k_layers: int = 1
+    num_shared_experts: int = 0
+    shared_expert_intermediate_dim: int | None = None
+    shared_expert_gate: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("moe.num_experts", self.num_experts, 1)
+        k, e = self.num_experts_per_token, self.num_experts
+        _check_int("moe.num_experts_per_token", k, 1)
+        if k > e:
+            _fail("moe.num_experts_per_token", k, f"at most moe.num_experts={e}")
+        _check_int("moe.expert_intermediate_dim", self.expert_intermediate_dim, 1, True)
+        _check_bool("moe.normalize_router_weights", self.normalize_router_weights)
+        _check_float("moe.router_aux_loss_coef", self.router_aux_loss_coef, 0.0)
+        _check_float("moe.router_z_loss_coef", self.router_z_loss_coef, 0.0)
+        _check_float("moe.router_jitter", self.router_jitter, 0.0, 1.0)
+        if self.capacity_factor is not None:
+            _check_float("moe.capacity_factor", self.capacity_factor, 1e-9)
+        _check_choice("moe.dispatch", self.dispatch, DISPATCH_MODES)
+        _check_int("moe.every_k_layers", self.every_k_layers, 1)
+        _check_int("moe.num_shared_experts", self.num_shared_experts, 0)
+        dim, gate = self.shared_expert_intermediate_dim, self.shared_expert_gate
+        _check_int("moe.shared_expert_intermediate_dim", dim, 1, True)
+        _check_bool("moe.shared_expert_gate", gate)
+        if not self.num_shared_experts and (dim or gate):  # Qwen2-MoE: 1 gated
+            _fail("moe.num_shared_experts", 0, ">= 1 with shared_expert_* set")
+
+
+@dataclass(frozen=True)
+class VisionConfig(_Group):
+    """Image inputs split into patches (ViT).
+
+    Attributes:
+        image_size: input height and width in pixels (square images).
+        patch_size: patch height and width; must divide `image_size`.
+        num_channels: input channels (3 for RGB, 1 for grey).
+            The model's token count follows the images it is given
+            (`max_sequence_length` does not apply to image models).
+        pooling: "token" (class token), "mean" (mean over patch tokens) or
+            "token_and_mean" (both concatenated, `[B, 2 * D]`: the input of
+            HF Dinov2ForImageClassification's head).
+        class_token: prepend a learned class token.
+        distillation_token: a second learned token after the class token
+            (DeiT's distillation token; its position embedding is the
+            table's second row). Needs `class_token`.
+        rescale: input pixels are multiplied by this first (1/255 for a
+            model that takes raw 0..255 pixels; 1.0 for prepared inputs).
+        mean: per-channel (or one) value subtracted after `rescale`; None = 0.
+        std: per-channel (or one) divisor after `mean`; None = 1.
+
+    The model computes `(images * rescale - mean) / std`, so a saved model
+    carries its own input normalisation.
+    """
+
+    image_size: int = 224
+    patch_size: int = 16
+    num_channels: int = 3
+    pooling: str = "token"
+    class_token: bool = True
+    distillation_token: bool = False
+    rescale: float = 1.0
+    mean: tuple | None = None
+    std: tuple | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("vision.image_size", self.image_size, 1)
+        _check_int("vision.patch_size", self.patch_size, 1)
+        if self.image_size % self.patch_size:
+            _fail(
+                "vision.image_size",
+                self.image_size,
+                f"a multiple of vision.patch_size={self.patch_size}",
+            )
+        _check_int("vision.num_channels", self.num_channels, 1)
+        _check_choice("vision.pooling", self.pooling, POOLINGS)
+        _check_bool("vision.class_token", self.class_token)
+        _check_bool("vision.distillation_token", self.distillation_token)
+        if self.pooling != "mean" and not self.class_token:
+            _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
+        if self.distillation_token and not self.class_token:
+            _fail("vision.distillation_token", True, "False when class_token=False")
+        _check_float("vision.rescale", self.rescale, 1e-12)
+        for name in ("mean", "std"):
+            values = _check_numbers(
+                f"vision.{name}", getattr(self, name), (1, self.num_channels)
+            )
+            if name == "std" and values and min(values) <= 0:
+                _fail("vision.std", self.std, "positive numbers")
+            object.__setattr__(self, name, values)
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Learned tokens before the patches (class, distillation)."""
+        return int(self.class_token) + int(self.distillation_token)
