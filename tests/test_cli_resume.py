@@ -66,6 +66,12 @@ def _check_resume(tmp_path, argv, job=None, interrupt=4, **overrides):
         np.testing.assert_allclose(resumed[path], value, atol=1e-6, err_msg=path)
 
 
+def test_train_resume_causal_lm(tmp_path, text_file):
+    """The causal-LM job: its BPE vocabulary, data order and schedule."""
+    argv = ["train", "gpt2_tiny", "--data", str(text_file), "--vocabulary-size"]
+    _check_resume(tmp_path, argv + ["300", *ARGS])
+
+
 @pytest.mark.large
 def test_train_resume_mixtral(tmp_path, text_file):
     """MoE router statistics and the warmup + cosine schedule position."""
