@@ -72,7 +72,6 @@ def test_train_resume_causal_lm(tmp_path, text_file):
     _check_resume(tmp_path, argv + ["300", *ARGS])
 
 
-@pytest.mark.large
 def test_train_resume_mixtral(tmp_path, text_file):
     """MoE router statistics and the warmup + cosine schedule position."""
     argv = ["train", "mixtral_tiny", "--data", str(text_file), "--vocabulary-size"]
@@ -94,7 +93,6 @@ def _train_wordpiece_once(monkeypatch):
     monkeypatch.setattr(preprocessing, "train_wordpiece", train_once)
 
 
-@pytest.mark.large
 def test_train_resume_bert(tmp_path, text_file, monkeypatch):
     _train_wordpiece_once(monkeypatch)
     argv = ["train", "bert_tiny", "--data", str(text_file), *ARGS]

@@ -247,7 +247,6 @@ _fit(model, make_data, {backup!r}, Hang())
 """
 
 
-@pytest.mark.large
 def test_killed_process_resumes(tmp_path):
     """A process killed (SIGKILL) after the backup of step k resumes in
     another process to the uninterrupted weights."""
