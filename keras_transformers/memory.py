@@ -140,8 +140,8 @@ def training_flops_per_token(config: TransformerConfig, sequence_length: int) ->
     embeddings = config.num_segments * d
     if config.vision is not None:
         vision = config.vision
-        embeddings += (vision.num_patches + int(vision.class_token)) * d
-        embeddings += d if vision.class_token else 0
+        # The position table and the learned class / distillation tokens.
+        embeddings += (vision.num_patches + 2 * vision.num_prefix_tokens) * d
     else:
         embeddings += config.vocabulary_size * d
         if config.position_embedding == "learned":
@@ -341,7 +341,7 @@ def estimate_memory(
     if sequence_length is None:
         vision = config.vision
         sequence_length = (
-            vision.num_patches + int(vision.class_token)
+            vision.num_patches + vision.num_prefix_tokens
             if vision
             else config.max_sequence_length
         )
