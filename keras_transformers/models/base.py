@@ -407,9 +407,10 @@ class TaskModel(ConfiguredModel):
         if cls.backbone_cls is not None:
             cls.family = cls.backbone_cls.family
 
-    def _add_classifier(self, num_classes, dropout, kernel_initializer):
+    def _add_classifier(self, num_classes, dropout, kernel_initializer, width=None):
         """Sets `num_classes`, `classifier_dropout` and the built `dropout` +
-        `classifier` (Dense over `hidden_dim`) layers of a classification head."""
+        `classifier` (Dense over `width` features, default `hidden_dim`)
+        layers of a classification head."""
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(
                 f"`num_classes` must be a positive integer. Received: {num_classes!r}"
@@ -417,13 +418,19 @@ class TaskModel(ConfiguredModel):
         self.num_classes = num_classes
         self.classifier_dropout = dropout
         self.dropout = seeded_dropout(dropout, dtype=self.dtype_policy)
-        self.classifier = Dense(
-            num_classes,
+        self.classifier = self._dense_head("classifier", kernel_initializer, width)
+
+    def _dense_head(self, name, kernel_initializer, width=None):
+        """A built Dense layer from `width` features (default `hidden_dim`)
+        to `num_classes`."""
+        head = Dense(
+            self.num_classes,
             kernel_initializer=kernel_initializer,
             dtype=self.dtype_policy,
-            name="classifier",
+            name=name,
         )
-        self.classifier.build((None, self.config.hidden_dim))
+        head.build((None, width or self.config.hidden_dim))
+        return head
 
     def task_config(self) -> dict:
         """The head arguments (`task_arguments`) and their values."""

@@ -258,30 +258,15 @@ class ViTClassifier(_Resizable, TaskModel):
                 "`distillation_head=True` needs a distillation token "
                 "(config.vision.distillation_token=True)."
             )
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
-            )
-        self.num_classes = num_classes
-        self.classifier_dropout = classifier_dropout
+        # ViT's zero-initialised heads.
+        width = self.backbone.pooled_dim
+        self._add_classifier(num_classes, classifier_dropout, "zeros", width)
         self.distillation_head = bool(distillation_head)
-        self.dropout = seeded_dropout(classifier_dropout, dtype=self.dtype_policy)
-        self.classifier = self._head("classifier", self.backbone.pooled_dim)
         self.distillation_classifier = None
         if distillation_head:
-            d = self.config.hidden_dim
-            self.distillation_classifier = self._head("distillation_classifier", d)
-
-    def _head(self, name, width):
-        """ViT's zero-initialised dense head over `width` features."""
-        head = Dense(
-            self.num_classes,
-            kernel_initializer="zeros",
-            dtype=self.dtype_policy,
-            name=name,
-        )
-        head.build((None, width))
-        return head
+            self.distillation_classifier = self._dense_head(
+                "distillation_classifier", "zeros"
+            )
 
     def call(self, inputs, training=None):
         hidden = self.backbone(inputs, training=training)
