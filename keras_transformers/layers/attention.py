@@ -88,6 +88,11 @@ class MultiHeadAttention(keras.layers.Layer):
             filled part, as it does the keys). The padding and causal masks
             still apply. Fused attention takes it as its `bias` argument
             (folded with the mask), the explicit path adds it in float32.
+            It may also be a callable `bias(query, key)` of the projected
+            heads, `query [B, T, N, H]` (after `process_heads`) and the keys
+            attended `[B, S, K, H]` (the cache included), returning such a
+            bias: a score term that depends on the queries or keys, as
+            Transformer-XL's and DeBERTa's relative attention.
         training: dropout switch.
 
     Returns:
@@ -257,9 +262,11 @@ class MultiHeadAttention(keras.layers.Layer):
                     k, v = k[:, :filled], v[:, :filled]
                     if key_padding_mask is not None:
                         key_padding_mask = key_padding_mask[:, :filled]
-                    if attention_bias is not None and attention_bias.shape[-1] != 1:
+                    if _sliceable(attention_bias):
                         attention_bias = attention_bias[..., :filled]
                     causal = causal and ops.shape(q)[1] > 1
+        if callable(attention_bias):  # a score term that reads q and k
+            attention_bias = attention_bias(q, k)
         use_is_causal = (
             causal
             and cache is None
@@ -405,3 +412,9 @@ class MultiHeadAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
         return config
+
+
+def _sliceable(bias):
+    """A bias tensor with a key axis to cut to the filled cache (not a
+    callable, which sees the cut keys, nor a key-broadcast bias)."""
+    return bias is not None and not callable(bias) and bias.shape[-1] != 1
