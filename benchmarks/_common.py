@@ -174,8 +174,8 @@ def threads(torch):
     every core unless told otherwise (TensorFlow's 0 means "all");
     PyTorch's count is set by `--torch-threads`."""
     out = {"cores": all_cores(), "jax": "all cores (XLA:CPU default)"}
-    if "tensorflow" in sys.modules:
-        tf = sys.modules["tensorflow"]
+    tf = sys.modules.get("tensorflow")  # only where something imported it
+    if tf is not None:
         intra = tf.config.threading.get_intra_op_parallelism_threads()
         out["tensorflow"] = intra or "all cores"
     if torch is not None:

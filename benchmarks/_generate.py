@@ -1,0 +1,55 @@
+"""Generation figures of ``bench.py`` (causal rows): greedy decoding, no
+early stop, at batch 1 and the row's batch. Prefill is the time of a call
+that generates one token; per-token decode is the rest of a
+``new_tokens`` call divided by the ``new_tokens - 1`` further tokens."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+from _common import bench_calls
+
+
+def check(name, out, prompts, new_tokens):
+    """The output is `[B, prompt + new_tokens]` and keeps the prompt."""
+    expected = (prompts.shape[0], prompts.shape[1] + new_tokens)
+    if tuple(out.shape) != expected:
+        raise RuntimeError(
+            f"{name}: generate returned shape {tuple(out.shape)}, expected {expected}"
+        )
+    if not np.array_equal(out[:, : prompts.shape[1]], prompts):
+        raise RuntimeError(f"{name}: generate did not keep the prompt")
+
+
+def record(contenders, out, batch, row, args):
+    """Times prefill and decode for every contender; stores, per batch `b`,
+    `gen_b{b}_prefill_s`, `gen_b{b}_decode_s_per_token`,
+    `gen_b{b}_decode_tokens_per_s` (`b / per-token seconds`),
+    `gen_b{b}_tokens_per_s` (new tokens of the whole call over its time) and
+    the first calls' times."""
+    n = row.new_tokens
+    for b, prompts in batch.prompts.items():
+        medians = {}
+        for new in (1, n):
+            label = f"gen b={b} new={new}"
+            firsts, samples = bench_calls(
+                contenders,
+                lambda c, p=prompts, new=new: c.generate(p, new),
+                lambda name, o, p=prompts, new=new: check(name, o, p, new),
+                args.repeats,
+                label,
+            )
+            for c in contenders:
+                r = out["contenders"][c.name]
+                r[f"gen_b{b}_new{new}_first_call_s"] = firsts[c.name]
+                r[f"gen_b{b}_new{new}_samples_s"] = samples[c.name]
+                medians[c.name, new] = statistics.median(samples[c.name])
+        for c in contenders:
+            r = out["contenders"][c.name]
+            prefill, total = medians[c.name, 1], medians[c.name, n]
+            per_token = max(total - prefill, 1e-9) / max(n - 1, 1)
+            r[f"gen_b{b}_prefill_s"] = prefill
+            r[f"gen_b{b}_decode_s_per_token"] = per_token
+            r[f"gen_b{b}_decode_tokens_per_s"] = b / per_token
+            r[f"gen_b{b}_tokens_per_s"] = b * n / total

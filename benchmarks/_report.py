@@ -1,0 +1,87 @@
+"""The results table of ``bench.py``: one line per (row, contender), with
+speed ratios ours/contender (> 1: ours is faster)."""
+
+from __future__ import annotations
+
+from _common import fmt, print_table
+
+
+def ratio(ours, other, higher_is_better):
+    """Speed ratio ours/other of a figure (None where either is missing)."""
+    if ours is None or other is None or not ours or not other:
+        return None
+    return ours / other if higher_is_better else other / ours
+
+
+def table(results, args):
+    """Prints the training table, then the generation table; stores the
+    ratios in each row's `ratios`."""
+    train = [
+        [
+            "row",
+            "contender",
+            "params",
+            "s/step",
+            "tok/s|img/s",
+            "1st step s",
+            "TFLOP/s",
+            "% peak",
+            "mem MiB",
+            "ours/x speed",
+        ]
+    ]
+    gen = [["row", "contender", "batch", "prefill s", "decode tok/s", "ours/x decode"]]
+    for name, row in results.items():
+        row["ratios"] = {}
+        cs = row["contenders"]
+        ours = cs.get("ours", {})
+        for cname, r in cs.items():
+            speed = ratio(
+                ours.get("train_s_per_step"), r.get("train_s_per_step"), False
+            )
+            if cname != "ours" and speed is not None:
+                row["ratios"][f"train:ours/{cname}"] = speed
+            if "train_s_per_step" in r:
+                frac = r.get("train_peak_fraction")
+                train.append(
+                    [
+                        name,
+                        cname,
+                        f"{r['params']:,}",
+                        fmt(r["train_s_per_step"], ".4f"),
+                        fmt(r["train_items_per_s"], ",.0f"),
+                        fmt(r["train_first_step_s"], ".2f"),
+                        fmt(r.get("train_tflops"), ".2f"),
+                        fmt(frac and 100 * frac, ".1f"),
+                        fmt(r.get("memory_mib"), ",.0f"),
+                        "" if cname == "ours" else fmt(speed, ".2f"),
+                    ]
+                )
+            for b in sorted({1, row["batch"]}):
+                key = f"gen_b{b}_decode_tokens_per_s"
+                if key not in r:
+                    continue
+                speed = ratio(ours.get(key), r[key], True)
+                if cname != "ours" and speed is not None:
+                    row["ratios"][f"gen_b{b}_decode:ours/{cname}"] = speed
+                gen.append(
+                    [
+                        name,
+                        cname,
+                        str(b),
+                        fmt(r[f"gen_b{b}_prefill_s"], ".4f"),
+                        fmt(r[key], ",.1f"),
+                        "" if cname == "ours" else fmt(speed, ".2f"),
+                    ]
+                )
+        for cname, why in row.get("skipped", {}).items():
+            train.append([name, cname, "skipped: " + why[:60]] + [""] * 7)
+        if "error" in row:
+            train.append([name, "ERROR", row["error"][:80]] + [""] * 7)
+    print_table(
+        train,
+        f"(training, {args.dtype}; % peak: share of the measured matmul peak; "
+        "speed ratio > 1: ours is faster)",
+    )
+    if len(gen) > 1:
+        print_table(gen, "(greedy generation; decode tok/s = batch / s per new token)")
