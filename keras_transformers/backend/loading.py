@@ -79,12 +79,14 @@ def shares_file() -> bool:
 
 
 def _share(variable, value: np.ndarray) -> bool:
-    """Makes PyTorch `variable` a view of `value`'s memory, when `value` is
-    writable, has the variable's dtype, and reshapes to the variable's shape
-    without a copy (a transposed `[out, in]` weight does). Returns whether
-    it did."""
+    """Makes PyTorch `variable` a view of `value`'s memory, when the variable
+    lives on the CPU and `value` is writable, has the variable's dtype, and
+    reshapes to the variable's shape without a copy (a transposed `[out, in]`
+    weight does). Returns whether it did."""
     import torch
 
+    if variable.value.device.type != "cpu":  # a GPU variable copies the array in
+        return False
     if not value.flags.writeable or value.dtype != numpy_dtype(variable.dtype):
         return False
     try:

@@ -165,8 +165,9 @@ def _canonicalize_ids(ids: Any) -> tuple[list[list[int]], bool]:
     if hasattr(ids, "to_list"):  # tf.RaggedTensor
         ids = ids.to_list()
     if isinstance(ids, (list, tuple)) and any(np.ndim(row) > 0 for row in ids):
-        return [[int(i) for i in np.asarray(row).reshape(-1)] for row in ids], True
-    array = np.asarray(ids)  # NumPy, JAX, torch (CPU) and TF eager tensors.
+        rows = [_host(row).reshape(-1) for row in ids]
+        return [[int(i) for i in row] for row in rows], True
+    array = _host(ids)  # NumPy, JAX, torch and TF tensors, on any device
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"`decode` takes integer ids. Received dtype {array.dtype}.")
     if array.ndim <= 1:
@@ -174,6 +175,18 @@ def _canonicalize_ids(ids: Any) -> tuple[list[list[int]], bool]:
     if array.ndim == 2:
         return [[int(i) for i in row] for row in array], True
     raise ValueError(f"`decode` takes 1-D or 2-D ids. Received shape {array.shape}.")
+
+
+def _host(ids: Any) -> np.ndarray:
+    """`ids` as a NumPy array; a backend tensor is copied to host memory
+    first (a GPU tensor has no `__array__`)."""
+    if isinstance(ids, (list, tuple, int, np.ndarray, np.integer)):
+        return np.asarray(ids)
+    import keras  # loaded already when a backend tensor exists
+
+    if keras.ops.is_tensor(ids):
+        return keras.ops.convert_to_numpy(ids)
+    return np.asarray(ids)
 
 
 def _pad(rows: Sequence[Sequence[int]], length: int, pad_id: int) -> np.ndarray:
