@@ -11,6 +11,7 @@ the result for JAX and TensorFlow)."""
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 
@@ -152,6 +153,19 @@ class Ours(KerasContender):
         return super().notes() + extra
 
 
+class OursDenseDispatch(Ours):
+    """Ours with `moe.dispatch="dense"` (every expert on every token, as
+    KerasHub's MoE block): what sparse dispatch saves. MoE rows only."""
+
+    name = "ours_dense_dispatch"
+
+    def __init__(self, row, cfg, batch, env):
+        if cfg.moe is None:
+            raise Skip("not an MoE row")
+        moe = dataclasses.replace(cfg.moe, dispatch="dense")
+        super().__init__(row, dataclasses.replace(cfg, moe=moe), batch, env)
+
+
 class KerasHub(KerasContender):
     """KerasHub's model of the same layout on the current Keras backend
     (`preprocessor=None`); skipped where keras_hub cannot import or has no
@@ -246,4 +260,4 @@ class HF(Contender):
         )
 
 
-CONTENDERS = {c.name: c for c in (Ours, KerasHub, HF)}
+CONTENDERS = {c.name: c for c in (Ours, OursDenseDispatch, KerasHub, HF)}

@@ -28,7 +28,7 @@ def record(contenders, out, batch, row, args):
     `gen_b{b}_decode_tokens_per_s` (`b / per-token seconds`),
     `gen_b{b}_tokens_per_s` (new tokens of the whole call over its time) and
     the first calls' times."""
-    n = row.new_tokens
+    n = max(row.new_tokens, 2)
     for b, prompts in batch.prompts.items():
         medians = {}
         for new in (1, n):
@@ -48,8 +48,9 @@ def record(contenders, out, batch, row, args):
         for c in contenders:
             r = out["contenders"][c.name]
             prefill, total = medians[c.name, 1], medians[c.name, n]
-            per_token = max(total - prefill, 1e-9) / max(n - 1, 1)
+            # None where noise hides the decode time (a loaded machine, few tokens).
+            per_token = (total - prefill) / (n - 1) if total > prefill else None
             r[f"gen_b{b}_prefill_s"] = prefill
             r[f"gen_b{b}_decode_s_per_token"] = per_token
-            r[f"gen_b{b}_decode_tokens_per_s"] = b / per_token
+            r[f"gen_b{b}_decode_tokens_per_s"] = per_token and b / per_token
             r[f"gen_b{b}_tokens_per_s"] = b * n / total

@@ -30,7 +30,19 @@ def table(results, args):
             "ours/x speed",
         ]
     ]
-    gen = [["row", "contender", "batch", "prefill s", "decode tok/s", "ours/x decode"]]
+    gen = [
+        [
+            "row",
+            "contender",
+            "batch",
+            "prefill s",
+            "decode tok/s",
+            "call tok/s",
+            "ours/x prefill",
+            "ours/x decode",
+        ]
+    ]
+    problems = []
     for name, row in results.items():
         row["ratios"] = {}
         cs = row["contenders"]
@@ -58,30 +70,45 @@ def table(results, args):
                     ]
                 )
             for b in sorted({1, row["batch"]}):
-                key = f"gen_b{b}_decode_tokens_per_s"
-                if key not in r:
+                prefill = f"gen_b{b}_prefill_s"
+                if prefill not in r:
                     continue
-                speed = ratio(ours.get(key), r[key], True)
-                if cname != "ours" and speed is not None:
-                    row["ratios"][f"gen_b{b}_decode:ours/{cname}"] = speed
+                key = f"gen_b{b}_decode_tokens_per_s"
+                speeds = []
+                for label, k, higher in (
+                    ("prefill", prefill, False),
+                    ("decode", key, True),
+                ):
+                    speed = ratio(ours.get(k), r.get(k), higher)
+                    if cname != "ours" and speed is not None:
+                        row["ratios"][f"gen_b{b}_{label}:ours/{cname}"] = speed
+                    speeds.append("" if cname == "ours" else fmt(speed, ".2f"))
                 gen.append(
                     [
                         name,
                         cname,
                         str(b),
-                        fmt(r[f"gen_b{b}_prefill_s"], ".4f"),
-                        fmt(r[key], ",.1f"),
-                        "" if cname == "ours" else fmt(speed, ".2f"),
+                        fmt(r[prefill], ".4f"),
+                        fmt(r.get(key), ",.1f"),
+                        fmt(r.get(f"gen_b{b}_tokens_per_s"), ",.1f"),
+                        *speeds,
                     ]
                 )
         for cname, why in row.get("skipped", {}).items():
-            train.append([name, cname, "skipped: " + why[:60]] + [""] * 7)
+            problems.append(f"{name}: {cname} skipped: {why}")
         if "error" in row:
-            train.append([name, "ERROR", row["error"][:80]] + [""] * 7)
-    print_table(
-        train,
-        f"(training, {args.dtype}; % peak: share of the measured matmul peak; "
-        "speed ratio > 1: ours is faster)",
-    )
+            problems.append(f"{name}: ERROR {row['error']}")
+    if len(train) > 1:
+        print_table(
+            train,
+            f"(training, {args.dtype}; % peak: share of the measured matmul peak; "
+            "speed ratio > 1: ours is faster)",
+        )
     if len(gen) > 1:
-        print_table(gen, "(greedy generation; decode tok/s = batch / s per new token)")
+        print_table(
+            gen,
+            "(greedy generation, no early stop; prefill: a 1-token call; decode "
+            "tok/s: batch / s per further token; call tok/s: new tokens / call s)",
+        )
+    for line in problems:
+        print(line)

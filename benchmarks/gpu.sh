@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench.py on a GPU machine, once per Keras backend its Python holds, in
+# bfloat16, published rows by default. Logs and JSON go to $OUT.
+#
+#   bash benchmarks/gpu.sh                         # train + generate, all contenders
+#   MODE=train CONTENDERS=ours,hf bash benchmarks/gpu.sh
+#
+# Variables: BACKENDS (default: jax torch, plus tensorflow where it imports),
+# ROWS (published), CONTENDERS (ours,kerashub,hf), MODE (train,generate),
+# DTYPE (bfloat16), REPEATS (3), STEPS (3), TIMEOUT per backend (s, 600),
+# ARGS (more bench.py flags). Where that Python lacks Keras or KerasHub,
+# put their wheels in .whl/ first (see scripts/device_check.sh): they are
+# installed to /tmp/site.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and PyTorch share the GPU
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+default="jax torch"
+python3 -c "import tensorflow" 2>/dev/null && default="jax tensorflow torch"
+for backend in ${BACKENDS:-$default}; do
+    echo "=== $backend"
+    KERAS_BACKEND=$backend timeout "${TIMEOUT:-600}" python3 benchmarks/bench.py \
+        --rows "${ROWS:-published}" --contenders "${CONTENDERS:-ours,kerashub,hf}" \
+        --mode "${MODE:-train,generate}" --dtype "${DTYPE:-bfloat16}" \
+        --repeats "${REPEATS:-3}" --steps "${STEPS:-3}" \
+        --json "$OUT/bench_$backend.json" ${ARGS:-} >"$OUT/bench_$backend.log" 2>&1
+    echo "rc=$?"
+    grep -v "^\s*\[" "$OUT/bench_$backend.log" | tail -60
+done

@@ -1,0 +1,82 @@
+"""The benchmark harness `benchmarks/bench.py`: its FLOP count, and a
+`--quick` run on the current backend that writes the documented JSON."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def rows():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _rows
+
+        yield _rows
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_train_flops_formula(rows):
+    # 6 per parameter per token, plus 12 * layers * width * context per token.
+    assert rows.train_flops(1_000_000, 1000, 2, 64, 100) == 6e9 + 12 * 2 * 64 * 100e3
+
+
+def test_step_flops_of_published_rows(rows):
+    gpt = rows.BY_NAME["gpt2_small"]  # tied embeddings: every parameter counts
+    params = 124_439_808
+    tokens = gpt.batch * gpt.seq
+    expected = 6 * params * tokens + 12 * 12 * 768 * gpt.seq * tokens
+    assert rows.step_flops(gpt, gpt.config(), params) == expected
+
+    moe, dense = rows.BY_NAME["moe_smollm2"], rows.BY_NAME["moe_smollm2_dense"]
+    cfg = moe.config()
+    assert (cfg.hidden_dim, cfg.num_layers, cfg.moe.num_experts) == (576, 8, 8)
+    # Total parameters of the MoE model; only 2 of 8 experts (and no input
+    # table) count: the same FLOPs as the dense twin (SwiGLU of 2 x 1536).
+    embed, expert = 49152 * 576, 3 * 576 * 1536
+    attention_norms = 8 * (2 * 576 * 576 + 2 * 576 * 192 + 2 * 576)
+    shared = 2 * embed + attention_norms + 576
+    moe_params = shared + 8 * (8 * expert + 576 * 8)
+    dense_params = shared + 8 * 2 * expert
+    moe_flops = rows.step_flops(moe, cfg, moe_params)
+    dense_flops = rows.step_flops(dense, dense.config(), dense_params)
+    router = 6 * 8 * 576 * 8 * moe.batch * moe.seq
+    assert moe_flops - router == pytest.approx(dense_flops)
+
+    t5 = rows.BY_NAME["t5_small"]  # encoder on 512 source, decoder on 128 target
+    assert rows.step_flops(t5, t5.config(), 60_506_624) > 6 * 60_506_624 * 8 * 128
+
+
+def test_quick_run_writes_json(tmp_path, backend):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
+    cmd += ["--rows", "gpt2_tiny", "--contenders", "ours", "--json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "load average at start" in proc.stdout
+    result = json.loads(out.read_text())
+    meta = result["meta"]
+    assert meta["backend"] == backend
+    assert meta["threads"]["cores"] >= 1
+    assert meta["load_start"] is not None and meta["load_end"] is not None
+    assert meta["matmul_peak"]["tflops"] > 0
+    assert meta["dtype"] == "float32" and meta["rows"] == ["gpt2_tiny"]
+    row = result["rows"]["gpt2_tiny"]
+    assert "error" not in row, row.get("error")
+    assert row["flops_per_step"] > 0
+    ours = row["contenders"]["ours"]
+    assert ours["params"] > 0
+    assert ours["train_s_per_step"] > 0 and ours["train_first_step_s"] > 0
+    assert ours["train_items_per_s"] > 0 and 0 < ours["train_peak_fraction"]
+    assert ours["memory_mib"] > 0
+    for b in (1, row["batch"]):
+        assert ours[f"gen_b{b}_prefill_s"] > 0
+        assert ours[f"gen_b{b}_tokens_per_s"] > 0
