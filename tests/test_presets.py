@@ -45,6 +45,10 @@ PUBLISHED = {
     # published config.json under torch.device("meta"), numel summed.
     "qwen1.5_moe_a2.7b": (14_315_784_192, 1e-12),
     "qwen3_30b_a3b": (30_532_122_624, 1e-12),
+    # transformers' DistilBertModel on the meta device (no pooler); its
+    # XLMRobertaModel less the 2 offset rows of the position table.
+    "distilbert_base": (66_362_880, 1e-12),
+    "xlm_roberta_base": (278_043_648 - 2 * 768, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {
