@@ -153,12 +153,8 @@ def _compiled_matches_eager(family, rng, probe=None):
 
 
 def _torch_params():
-    slow = pytest.mark.large
-    moe = pytest.mark.xfail(
-        reason="sparse MoE adds a graph at each of the first steps under torch.compile"
-    )
-    marks = {"gpt2": (), "mixtral": (slow, moe)}
-    return [pytest.param(f, marks=marks.get(f, slow)) for f in FAMILIES]
+    marks = {"gpt2": ()}
+    return [pytest.param(f, marks=marks.get(f, pytest.mark.large)) for f in FAMILIES]
 
 
 @contextlib.contextmanager

@@ -2,10 +2,19 @@
 `torch.compile` path): the state every compiled step must start from.
 
 `torch.compile` guards a compiled program on the Python-visible state it
-read. Keras' PyTorch train step begins with `zero_grad()`, which reads
-whether each weight has a gradient: none before the first step, one after
-every later step. Without help the second step recompiles the whole train
-step (as long again as the first, on CPU tens of seconds).
+read, and recompiles whenever a guard fails. Two pieces of Keras state
+change between steps unless prepared:
+
+* Keras' PyTorch train step begins with `zero_grad()`, which reads whether
+  each weight has a gradient: none before the first step, one after every
+  later step. Without help the second step recompiles the whole train step
+  (as long again as the first, on CPU tens of seconds).
+* Layers that call `add_loss` (the MoE router's load-balancing and z-losses)
+  keep the loss tensors in their `_losses` lists until the next call clears
+  them. A step then starts with an empty list (step 1), the previous step's
+  tensors (step 2), then other tensors (step 3, the guarded ones freed): a
+  new graph at each of the first steps. Compiled steps clear the lists when
+  they end, so every step starts with them empty.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ import keras
 def prepare_train_function(model) -> None:
     """Before `model`'s train function is made (or reused): where PyTorch
     compiles it, gives every trainable weight a zero gradient, the state
-    each later step starts from, so the first compilation serves them all.
+    each later step starts from, and makes each train step clear the
+    `add_loss` losses of every layer when it ends (`model.losses` is empty
+    between compiled steps), so the first compilation serves them all.
     The gradients would exist from the first step on anyway; nothing
     changes elsewhere."""
     if keras.config.backend() != "torch" or not model.jit_compile:
@@ -28,3 +39,18 @@ def prepare_train_function(model) -> None:
             value = variable.value
             if value.grad is None and value.requires_grad:
                 value.grad = torch.zeros_like(value)
+    model._clear_losses()
+    if "train_step" not in model.__dict__:
+        model.train_step = _clearing_losses(model, model.train_step)
+
+
+def _clearing_losses(model, train_step):
+    """`train_step` followed by clearing every layer's `add_loss` losses
+    (traced by `torch.compile` as part of the step: no graph break)."""
+
+    def step(data):
+        logs = train_step(data)
+        model._clear_losses()
+        return logs
+
+    return step
