@@ -90,6 +90,12 @@ class Contender:
         return ""
 
 
+def with_start(new_ids, start_id):
+    """`[B, 1 + new]`: the start token, then the generated ids."""
+    start = np.full((new_ids.shape[0], 1), start_id, new_ids.dtype)
+    return np.concatenate([start, new_ids], axis=1)
+
+
 # ------------------------------------------------------------------ Keras
 class KerasContender(Contender):
     """A Keras model compiled with the shared AdamW and loss, no metrics;
@@ -147,6 +153,18 @@ class Ours(KerasContender):
         self.env.sync(self.uses_torch)
         return np.asarray(out)
 
+    def beam(self, sources, new_tokens, num_beams, length_penalty, start_id):
+        out = self.model.generate(
+            sources,
+            max_new_tokens=new_tokens,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            length_penalty_style="power",  # HF's score / length**alpha
+            stop_token_ids=None,
+        )
+        self.env.sync(self.uses_torch)
+        return with_start(np.asarray(out), start_id)  # new tokens only: add start
+
     def notes(self):
         moe = self.model.config.moe
         extra = f", dispatch={moe.dispatch}" if moe is not None else ""
@@ -190,6 +208,27 @@ class KerasHub(KerasContender):
         out = kerashub_generate(self.model, prompts, new_tokens)
         self.env.sync(self.uses_torch)
         return out
+
+    def beam(self, sources, new_tokens, num_beams, length_penalty, start_id):
+        # Compiled with `BeamSampler(num_beams)` (no length penalty there; with
+        # every beam of one length it changes no work). Without a preprocessor
+        # KerasHub fills the masked slots of the decoder buffer after the start.
+        b = sources.shape[0]
+        decoder_ids = np.zeros((b, 1 + new_tokens), "int32")
+        decoder_ids[:, 0] = start_id
+        decoder_mask = np.zeros((b, 1 + new_tokens), bool)
+        decoder_mask[:, 0] = True
+        out = self.model.generate(
+            {
+                "encoder_token_ids": sources,
+                "encoder_padding_mask": np.ones(sources.shape, bool),
+                "decoder_token_ids": decoder_ids,
+                "decoder_padding_mask": decoder_mask,
+            },
+            stop_token_ids=None,
+        )
+        self.env.sync(self.uses_torch)
+        return np.asarray(out["decoder_token_ids"])
 
 
 # ------------------------------------------------------------------ HF
@@ -250,6 +289,23 @@ class HF(Contender):
                 do_sample=False,
                 use_cache=True,
                 pad_token_id=0,
+            )
+        return out.cpu().numpy()
+
+    def beam(self, sources, new_tokens, num_beams, length_penalty, start_id):
+        torch = self.torch
+        self.model.eval()
+        ids = torch.as_tensor(np.asarray(sources), device=self.device).long()
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                num_beams=num_beams,
+                length_penalty=length_penalty,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,  # end id masked: no early stop
+                do_sample=False,
+                use_cache=True,
             )
         return out.cpu().numpy()
 

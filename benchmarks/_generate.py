@@ -1,7 +1,9 @@
-"""Generation figures of ``bench.py`` (causal rows): greedy decoding, no
-early stop, at batch 1 and the row's batch. Prefill is the time of a call
-that generates one token; per-token decode is the rest of a
-``new_tokens`` call divided by the ``new_tokens - 1`` further tokens."""
+"""Generation figures of ``bench.py``. Causal rows: greedy decoding, no
+early stop, at batch 1 and the row's batch; prefill is the time of a call
+that generates one token, per-token decode the rest of a ``new_tokens``
+call divided by the ``new_tokens - 1`` further tokens. Encoder-decoder
+rows: beam search (4 beams, length penalty 0.6, exactly ``new_tokens``
+tokens after the start token) on 4 sources of ``prompt`` tokens."""
 
 from __future__ import annotations
 
@@ -20,6 +22,43 @@ def check(name, out, prompts, new_tokens):
         )
     if not np.array_equal(out[:, : prompts.shape[1]], prompts):
         raise RuntimeError(f"{name}: generate did not keep the prompt")
+
+
+NUM_BEAMS, LENGTH_PENALTY = 4, 0.6
+
+
+def check_beam(name, out, sources, new_tokens, start_id):
+    """Beam search returns `[B, 1 + new_tokens]`, starting with the start id."""
+    expected = (sources.shape[0], 1 + new_tokens)
+    if tuple(out.shape) != expected:
+        raise RuntimeError(
+            f"{name}: beam search returned shape {tuple(out.shape)}, expected "
+            f"{expected} (start token + {new_tokens} new tokens)"
+        )
+    if not np.all(out[:, 0] == start_id):
+        raise RuntimeError(f"{name}: sequences do not start with {start_id}")
+
+
+def record_beam(contenders, out, batch, row, start_id, args):
+    """Seconds per beam-search call: `beam_b{b}_s`, `beam_b{b}_tokens_per_s`
+    (new tokens of the returned sequences over the call's time) and the
+    first call's time."""
+    n = row.new_tokens
+    for b, sources in batch.prompts.items():
+        firsts, samples = bench_calls(
+            contenders,
+            lambda c, s=sources: c.beam(s, n, NUM_BEAMS, LENGTH_PENALTY, start_id),
+            lambda name, o, s=sources: check_beam(name, o, s, n, start_id),
+            args.repeats,
+            f"beam{NUM_BEAMS} b={b}",
+        )
+        for c in contenders:
+            r = out["contenders"][c.name]
+            median = statistics.median(samples[c.name])
+            r[f"beam_b{b}_first_call_s"] = firsts[c.name]
+            r[f"beam_b{b}_samples_s"] = samples[c.name]
+            r[f"beam_b{b}_s"] = median
+            r[f"beam_b{b}_tokens_per_s"] = b * n / median
 
 
 def record(contenders, out, batch, row, args):

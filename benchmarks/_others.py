@@ -25,6 +25,7 @@ def kerashub_model(row, cfg, dtype):
     m = keras_hub.models
     d, f, n = cfg.hidden_dim, cfg.intermediate_dim, cfg.num_layers
     no_metrics = {"weighted_metrics": None, "metrics": None}
+    beam = {**no_metrics, "sampler": keras_hub.samplers.BeamSampler(num_beams=4)}
     if row.kind == "causal" and not rotary(cfg):
         backbone = m.GPT2Backbone(
             dtype=dtype,
@@ -108,7 +109,7 @@ def kerashub_model(row, cfg, dtype):
             layer_norm_epsilon=cfg.norm_epsilon,
             tie_embedding_weights=cfg.tie_embeddings,
         )
-        return m.T5Seq2SeqLM(backbone, preprocessor=None), no_metrics
+        return m.T5Seq2SeqLM(backbone, preprocessor=None), beam
     if row.kind == "seq2seq":  # KerasHub's encoder-decoder of this layout: BART
         backbone = m.BartBackbone(
             dtype=dtype,
@@ -120,7 +121,7 @@ def kerashub_model(row, cfg, dtype):
             dropout=0.0,
             max_sequence_length=max(row.seq, row.target),
         )
-        return m.BartSeq2SeqLM(backbone, preprocessor=None), no_metrics
+        return m.BartSeq2SeqLM(backbone, preprocessor=None), beam
     if row.kind == "vit":
         v = cfg.vision
         backbone = m.ViTBackbone(

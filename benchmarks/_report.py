@@ -3,6 +3,8 @@ speed ratios ours/contender (> 1: ours is faster)."""
 
 from __future__ import annotations
 
+import re
+
 from _common import fmt, print_table
 
 
@@ -43,6 +45,7 @@ def table(results, args):
         ]
     ]
     problems = []
+    beam = [["row", "contender", "batch", "s/call", "tok/s", "ours/x speed"]]
     for name, row in results.items():
         row["ratios"] = {}
         cs = row["contenders"]
@@ -94,6 +97,23 @@ def table(results, args):
                         *speeds,
                     ]
                 )
+        for cname, r in cs.items():
+            for key in sorted(k for k in r if re.fullmatch(r"beam_b\d+_s", k)):
+                b = key[len("beam_b") : -len("_s")]
+                tps = f"beam_b{b}_tokens_per_s"
+                speed = ratio(ours.get(tps), r.get(tps), True)
+                if cname != "ours" and speed is not None:
+                    row["ratios"][f"beam_b{b}:ours/{cname}"] = speed
+                beam.append(
+                    [
+                        name,
+                        cname,
+                        b,
+                        fmt(r[key], ".4f"),
+                        fmt(r[tps], ",.1f"),
+                        "" if cname == "ours" else fmt(speed, ".2f"),
+                    ]
+                )
         for cname, why in row.get("skipped", {}).items():
             problems.append(f"{name}: {cname} skipped: {why}")
         if "error" in row:
@@ -109,6 +129,12 @@ def table(results, args):
             gen,
             "(greedy generation, no early stop; prefill: a 1-token call; decode "
             "tok/s: batch / s per further token; call tok/s: new tokens / call s)",
+        )
+    if len(beam) > 1:
+        print_table(
+            beam,
+            "(beam search: 4 beams, length penalty 0.6, no early stop; tok/s: "
+            "new tokens of the returned sequences / call s)",
         )
     for line in problems:
         print(line)

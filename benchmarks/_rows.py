@@ -46,7 +46,8 @@ class Row:
 
     @property
     def generates(self) -> bool:
-        return self.kind in ("causal", "moe")
+        """Greedy generation (causal rows) or beam search (seq2seq rows)."""
+        return self.kind in ("causal", "moe", "seq2seq")
 
     def config(self):
         """Our resolved `TransformerConfig` (preset + overrides)."""
@@ -132,6 +133,7 @@ ROWS = [
         8,
         256,
         target=256,
+        prompt=64,
     ),
     Row(
         "t5_tiny",
@@ -142,6 +144,7 @@ ROWS = [
         8,
         256,
         target=256,
+        prompt=64,
     ),
     Row("moe_tiny", "moe", "tiny", "mixtral_tiny", TINY_MOE, 8, 256),
     Row(
@@ -194,8 +197,19 @@ ROWS = [
         8,
         256,
         target=256,
+        prompt=64,
     ),
-    Row("t5_small", "seq2seq", "published", "t5_small", NO_DROPOUT, 8, 512, 128),
+    Row(
+        "t5_small",
+        "seq2seq",
+        "published",
+        "t5_small",
+        NO_DROPOUT,
+        8,
+        512,
+        128,
+        prompt=64,
+    ),
     Row(
         "moe_smollm2",
         "moe",
@@ -349,7 +363,8 @@ def make_batch(row: Row, cfg, seed=0) -> Batch:
             "decoder_attention_mask": np.ones(target.shape, "int64"),
             "labels": target,
         }
-        return Batch(x, target, hf)
+        sources = {min(4, b): ids(min(4, b), row.prompt)}  # beam-search inputs
+        return Batch(x, target, hf, sources)
     if row.kind == "vit":
         s, c = cfg.vision.image_size, cfg.vision.num_channels
         images = rng.standard_normal((b, s, s, c)).astype("float32")

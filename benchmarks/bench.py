@@ -216,7 +216,11 @@ def bench_row(row, args, env, peak):
         if "train" in args.mode and contenders:
             record_train(contenders, out, args, env, flops, peak, row)
         if "generate" in args.mode and row.generates and contenders:
-            _generate.record(contenders, out, batch, row, args)
+            if row.kind == "seq2seq":
+                start_id = cfg.bos_token_id or 0
+                _generate.record_beam(contenders, out, batch, row, start_id, args)
+            else:
+                _generate.record(contenders, out, batch, row, args)
     except Exception as e:  # one failing row must not lose the others
         out["error"] = f"{type(e).__name__}: {e}"
         print(f"  ERROR {out['error']}", flush=True)

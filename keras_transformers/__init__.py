@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 # Each public name and the module it comes from.
 _SOURCES = {
+    "DisentangledConfig": "keras_transformers.config",
     "MemoryEstimate": "keras_transformers.memory",
     "MoEConfig": "keras_transformers.config",
     "TransformerConfig": "keras_transformers.config",

@@ -45,6 +45,8 @@ def count_params(config, active: bool) -> int:
             total += attention + 2 * norm + ffn
         if config.final_norm:
             total += norm
+    if config.disentangled is not None:
+        total += _disentangled_params(config, norm)
     if config.pooler:
         total += d * d + d
     # Output head.
@@ -64,6 +66,18 @@ def _attention_params(config) -> int:
     if config.qkv_bias and not config.use_bias:
         biases = q + 2 * kv
     return weights + biases + (2 * h if config.qk_norm else 0)
+
+
+def _disentangled_params(config, norm: int) -> int:
+    """DeBERTa's relative embeddings `[2 * span, D]` (and their norm), plus
+    per block a `[D, N * H]` projection with bias per position term unless
+    the blocks' own query / key projections are shared."""
+    group, d = config.disentangled, config.hidden_dim
+    total = 2 * group.span * d + (norm if group.norm_relative_embeddings else 0)
+    if not group.share_att_key:
+        width = config.num_heads * config.resolved_head_dim
+        total += config.num_layers * len(group.attention_terms) * (d + 1) * width
+    return total
 
 
 def _ffn_params(config, intermediate: int | None = None) -> int:

@@ -24,6 +24,9 @@ Glossary (ours -> paper / Hugging Face):
 ``qkv_bias``            Qwen2's q_proj / k_proj / v_proj biases
 ``qk_norm``             Qwen3's q_norm / k_norm
 ``relative_attention_*`` relative_attention_num_buckets / _max_distance (T5)
+``disentangled.*``      relative_attention, position_buckets, max_relative_positions,
+                        share_att_key, pos_att_type, norm_rel_ebd (DeBERTa-v2 / v3)
+``pooler_activation``   pooler_hidden_act (DeBERTa's ContextPooler)
 ``scale_logits``        scale_decoder_outputs (T5 v1.0: d_model**-0.5, tied head)
 ``num_segments``        type_vocab_size (BERT)
 ``tie_embeddings``      tie_word_embeddings
@@ -55,8 +58,10 @@ from keras_transformers._validation import (
     _Group,
 )
 from keras_transformers.config_groups import (  # noqa: F401 (public names)
+    ATTENTION_TERMS,
     DISPATCH_MODES,
     POOLINGS,
+    DisentangledConfig,
     MoEConfig,
     VisionConfig,
 )
@@ -64,8 +69,16 @@ from keras_transformers.config_groups import (  # noqa: F401 (public names)
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")
 NORM_TYPES = ("layer", "rms")
-POSITION_EMBEDDINGS = ("learned", "sinusoidal", "rotary", "relative", "none")
+POSITION_EMBEDDINGS = (
+    "learned",
+    "sinusoidal",
+    "rotary",
+    "relative",
+    "disentangled",
+    "none",
+)
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
+POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 
 
 @dataclass(frozen=True)
@@ -88,8 +101,10 @@ class TransformerConfig(_Group):
         norm_epsilon: epsilon of every norm.
         final_norm: a norm after the last block (pre-norm stacks).
         embedding_norm: a norm after the embeddings (BERT).
-        pooler: a tanh dense layer on the first token's final state (BERT's
+        pooler: a dense layer on the first token's final state (BERT's
             `pooled_output`).
+        pooler_activation: the pooler's activation: "tanh" (BERT) or one of
+            `activation`'s names (DeBERTa's ContextPooler: "gelu").
         position_embedding: "learned", "sinusoidal", "rotary", "relative"
             (T5's bucketed bias on self-attention logits) or "none".
         relative_attention_buckets: rows of each stack's "relative" table.
@@ -137,6 +152,10 @@ class TransformerConfig(_Group):
             "encoder_decoder", the decoder start token.
         eos_token_id: id that ends generation (None if unused).
         moe: sparse mixture-of-experts group (None = dense feed-forward).
+        disentangled: DeBERTa's disentangled attention (a `DisentangledConfig`)
+            of `position_embedding="disentangled"` (encoders: no absolute
+            positions, relative ones in every self-attention); None there
+            means the defaults (DeBERTa-v3's).
         vision: image-patch group (None = token inputs).
     """
 
@@ -156,6 +175,7 @@ class TransformerConfig(_Group):
     final_norm: bool = True
     embedding_norm: bool = False
     pooler: bool = False
+    pooler_activation: str = "tanh"
     position_embedding: str = "learned"
     sinusoidal_interleave: bool = True
     relative_attention_buckets: int = 32
@@ -185,6 +205,7 @@ class TransformerConfig(_Group):
     eos_token_id: int | None = None
     moe: MoEConfig | None = field(default=None)
     vision: VisionConfig | None = field(default=None)
+    disentangled: DisentangledConfig | None = field(default=None)
 
     def __post_init__(self) -> None:
         _check_int("vocabulary_size", self.vocabulary_size, 0 if self.vision else 1)
@@ -265,6 +286,7 @@ class TransformerConfig(_Group):
             _fail("moe", self.moe, "a MoEConfig or None")
         if self.vision is not None and not isinstance(self.vision, VisionConfig):
             _fail("vision", self.vision, "a VisionConfig or None")
+        self._check_disentangled()
         if self.rotary and self.resolved_head_dim % 2:
             _fail(
                 "head_dim",
@@ -272,9 +294,32 @@ class TransformerConfig(_Group):
                 "an even number with rotary positions",
             )
 
+    def _check_disentangled(self) -> None:
+        """`pooler_activation`, and the `disentangled` group: set (by default
+        when None) exactly with `position_embedding="disentangled"`, which
+        only encoders have."""
+        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        group, wanted = self.disentangled, self.position_embedding == "disentangled"
+        if group is not None and not isinstance(group, DisentangledConfig):
+            _fail("disentangled", group, "a DisentangledConfig or None")
+        if group is not None and not wanted:
+            _fail(
+                "disentangled",
+                group,
+                'None unless position_embedding="disentangled"',
+            )
+        if wanted and self.stacks != "encoder":
+            _fail("position_embedding", "disentangled", 'stacks="encoder"')
+        if wanted and group is None:
+            object.__setattr__(self, "disentangled", DisentangledConfig())
+
     @staticmethod
     def _groups():
-        return {"moe": MoEConfig, "vision": VisionConfig}
+        return {
+            "moe": MoEConfig,
+            "vision": VisionConfig,
+            "disentangled": DisentangledConfig,
+        }
 
     # ----------------------------------------------------------- derived values
     @property
@@ -284,6 +329,15 @@ class TransformerConfig(_Group):
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_dim // self.num_heads
+
+    @property
+    def resolved_attention_scale(self) -> float | None:
+        """`attention_scale`; when None with disentangled attention, its
+        `1 / sqrt(H * disentangled.scale_factor)` (None: `1 / sqrt(H)`)."""
+        if self.attention_scale is None and self.disentangled is not None:
+            factor = self.resolved_head_dim * self.disentangled.scale_factor
+            return factor**-0.5
+        return self.attention_scale
 
     @property
     def resolved_num_decoder_layers(self) -> int:
@@ -321,4 +375,4 @@ class TransformerConfig(_Group):
         return f"TransformerConfig({inner})"
 
 
-__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig"]
+__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig", "DisentangledConfig"]

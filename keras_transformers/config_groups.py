@@ -1,6 +1,6 @@
 """The option groups of `TransformerConfig`: the sparse mixture of experts
-(`moe`) and image inputs (`vision`). Import them from
-`keras_transformers.config`."""
+(`moe`), image inputs (`vision`) and DeBERTa's disentangled attention
+(`disentangled`). Import them from `keras_transformers.config`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from keras_transformers._validation import (
 
 DISPATCH_MODES = ("sparse", "dense")
 POOLINGS = ("token", "mean", "token_and_mean")
+ATTENTION_TERMS = ("c2p", "p2c")
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,73 @@ class VisionConfig(_Group):
     def num_prefix_tokens(self) -> int:
         """Learned tokens before the patches (class, distillation)."""
         return int(self.class_token) + int(self.distillation_token)
+
+
+@dataclass(frozen=True)
+class DisentangledConfig(_Group):
+    """DeBERTa's disentangled attention (`position_embedding="disentangled"`):
+    the content-to-content logits plus position terms read from one learned
+    table of relative-position embeddings `[2 * span, D]` shared by the
+    blocks; all terms are scaled by `1 / sqrt(H * (1 + len(attention_terms)))`.
+
+    Attributes:
+        position_buckets: log buckets per direction (`span`, Hugging Face
+            `position_buckets`): distances below `position_buckets // 2` are
+            exact, longer ones share log-spaced buckets up to
+            `max_relative_positions`; 0 = no buckets (`span` is then
+            `max_relative_positions` and longer distances are clipped).
+        max_relative_positions: the longest distance told apart.
+        share_att_key: position queries and keys come from each block's own
+            query and key projections applied to the table (DeBERTa-v3);
+            False gives each block separate `position_key` / `position_query`
+            projections.
+        attention_terms: the position terms (Hugging Face `pos_att_type`):
+            "c2p" (each query against the embedding of its distance to the
+            key) and "p2c" (each key against the embedding of the distance).
+        norm_relative_embeddings: a LayerNorm (`norm_epsilon`) on the table
+            (Hugging Face `norm_rel_ebd="layer_norm"`).
+    """
+
+    position_buckets: int = 256
+    max_relative_positions: int = 512
+    share_att_key: bool = True
+    attention_terms: tuple = ATTENTION_TERMS
+    norm_relative_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        buckets, longest = self.position_buckets, self.max_relative_positions
+        _check_int("disentangled.position_buckets", buckets, 0)
+        _check_int("disentangled.max_relative_positions", longest, 1)
+        if buckets and buckets < 4:
+            _fail("disentangled.position_buckets", buckets, "0 (no buckets) or >= 4")
+        if buckets and longest < buckets // 2 + 2:
+            _fail(
+                "disentangled.max_relative_positions",
+                longest,
+                f">= position_buckets // 2 + 2 = {buckets // 2 + 2} (log buckets "
+                "past the exact distances)",
+            )
+        _check_bool("disentangled.share_att_key", self.share_att_key)
+        _check_bool(
+            "disentangled.norm_relative_embeddings", self.norm_relative_embeddings
+        )
+        terms = self.attention_terms
+        if isinstance(terms, str) or not isinstance(terms, (list, tuple)):
+            _fail("disentangled.attention_terms", terms, 'a list of "c2p", "p2c"')
+        if len(set(terms)) != len(terms) or set(terms) - set(ATTENTION_TERMS):
+            _fail(
+                "disentangled.attention_terms",
+                terms,
+                f"distinct values among {list(ATTENTION_TERMS)}",
+            )
+        object.__setattr__(self, "attention_terms", tuple(terms))
+
+    @property
+    def span(self) -> int:
+        """Relative positions each side; the table has `2 * span` rows."""
+        return self.position_buckets or self.max_relative_positions
+
+    @property
+    def scale_factor(self) -> int:
+        """`1 + len(attention_terms)`: logits are divided by `sqrt(H * this)`."""
+        return 1 + len(self.attention_terms)

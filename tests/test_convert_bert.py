@@ -259,7 +259,8 @@ def test_export_round_trip(tmp_path, kind, fields):
         (dict(type_vocab_size=3), "token_type_embeddings"),
         (
             dict(model_type="electra"),
-            "\\['bert', 'camembert', 'distilbert', 'roberta', 'xlm-roberta'\\] \\(bert\\)",
+            "\\['bert', 'camembert', 'deberta-v2', 'distilbert', 'roberta', "
+            "'xlm-roberta'\\] \\(bert\\)",
         ),
         (dict(model_type="roberta"), "not look like a roberta checkpoint"),
     ],

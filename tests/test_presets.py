@@ -45,6 +45,11 @@ PUBLISHED = {
     # published config.json under torch.device("meta"), numel summed.
     "qwen1.5_moe_a2.7b": (14_315_784_192, 1e-12),
     "qwen3_30b_a3b": (30_532_122_624, 1e-12),
+    # Exact: transformers' DebertaV2Model built from the published
+    # config.json under torch.device("meta"), numel summed (184M, 141M, 71M).
+    "deberta_v3_base": (183_831_552, 1e-12),
+    "deberta_v3_small": (141_304_320, 1e-12),
+    "deberta_v3_xsmall": (70_682_112, 1e-12),
     # transformers' DistilBertModel on the meta device (no pooler); its
     # XLMRobertaModel less the 2 offset rows of the position table.
     "distilbert_base": (66_362_880, 1e-12),

@@ -24,6 +24,7 @@ from keras_transformers._json import read_json_object
 from keras_transformers.convert import (
     bart,
     bert,
+    deberta,  # noqa: F401 (registers "deberta-v2")
     deit,
     dinov2,
     distilbert,  # noqa: F401 (registers "distilbert")
@@ -244,7 +245,10 @@ def _vit_converter(config, model_type=None):
 
 def _bert_export(model, model_type=None):
     """`(hf config, tensors)` of a BERT-family model as `model_type`
-    (None: "bert")."""
+    (None: "deberta-v2" with disentangled attention, else "bert")."""
+    config = getattr(model, "backbone", model).config
+    if model_type is None and config.position_embedding == "disentangled":
+        model_type = "deberta-v2"
     if model_type in (None, "bert"):
         return bert.export(model)
     return _converter_of_family(model_type, "bert").export(model, model_type)

@@ -74,6 +74,7 @@ ENCODER = dict(  # the layout of every BERT checkpoint
     sliding_window=None,
     moe=None,
     vision=None,
+    pooler_activation="tanh",
 )
 
 
@@ -156,12 +157,13 @@ def _entries(model, p: str, pooler: bool, head: bool) -> list[tuple]:
     the backbone under prefix `p`, its pooler and its head if asked."""
     backbone = getattr(model, "backbone", model)
     e, segments = p + "embeddings.", backbone.segment_embedding
-    positions = backbone.position_embedding.embeddings
     out = [
         (backbone.token_embedding.embeddings, e + "word_embeddings.weight", None),
-        (positions, e + "position_embeddings.weight", None),
         (backbone.embedding_norm, e + "LayerNorm", None),
     ]
+    if backbone.position_embedding is not None:  # none: relative positions
+        positions = backbone.position_embedding.embeddings
+        out.append((positions, e + "position_embeddings.weight", None))
     if segments is not None:
         out.append((segments.embeddings, e + "token_type_embeddings.weight", None))
     for i, block in enumerate(backbone.blocks):
@@ -268,6 +270,18 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
             "BertClassifier has no pooler (config.pooler=False)."
         )
     hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURES[cls]]}
+    out = export_tensors(model)
+    if cls in CLASSIFIERS:
+        labels = {i: f"LABEL_{i}" for i in range(model.num_classes)}
+        hf.update(id2label=labels, label2id={v: i for i, v in labels.items()})
+        hf["classifier_dropout"] = model.classifier_dropout
+    return hf, out
+
+
+def export_tensors(model) -> dict[str, np.ndarray]:
+    """The tensors of a BERT-family model under BERT's names (a task
+    model's backbone under `bert.`), whatever its position scheme."""
+    cls, backbone = type(model).__name__, getattr(model, "backbone", model)
     p, out = ("" if model is backbone else "bert."), {}
     pooler = cls in ("BertBackbone", "BertClassifier")  # the others have none
     for x, name, shape, transposed in _entries(model, p, pooler, head=True):
@@ -280,8 +294,4 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     if backbone.segment_embedding is None:  # one all-zero token type
         width = backbone.config.hidden_dim
         out[p + "embeddings.token_type_embeddings.weight"] = np.zeros((1, width))
-    if cls in CLASSIFIERS:
-        labels = {i: f"LABEL_{i}" for i in range(model.num_classes)}
-        hf.update(id2label=labels, label2id={v: i for i, v in labels.items()})
-        hf["classifier_dropout"] = model.classifier_dropout
-    return hf, out
+    return out

@@ -2,6 +2,7 @@
 
 from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.block import TransformerBlock
+from keras_transformers.layers.disentangled import DisentangledAttention
 from keras_transformers.layers.embeddings import TokenEmbedding
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.heads import MaskedLMHead
@@ -16,6 +17,7 @@ from keras_transformers.layers.positions import (
 )
 
 __all__ = [
+    "DisentangledAttention",
     "FeedForward",
     "MaskedLMHead",
     "MultiHeadAttention",

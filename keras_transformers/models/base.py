@@ -62,7 +62,7 @@ def block_kwargs(
         sliding_window=config.sliding_window if causal else None,
         rope_max_wavelength=config.rope_max_wavelength if config.rotary else None,
         rope_scaling_factor=config.rope_scaling_factor,
-        attention_scale=config.attention_scale,
+        attention_scale=config.resolved_attention_scale,
         kernel_initializer=initializer(config),
     )
 

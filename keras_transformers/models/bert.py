@@ -1,11 +1,14 @@
 """BERT-like encoders: post-norm blocks over token, position and segment
-embeddings, a tanh pooler, and masked-LM / classification heads."""
+embeddings (or DeBERTa's disentangled relative attention), a pooler, and
+masked-LM / classification heads."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from keras_transformers.layers.core import Dense
+from keras_transformers.layers.disentangled import DisentangledAttention
+from keras_transformers.layers.feed_forward import activation_fn
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -33,8 +36,13 @@ class BertBackbone(TextBackbone):
 
     Returns:
         `{"sequence_output": [B, T, D], "pooled_output": [B, D]}`; the pooled
-        output is the tanh pooler on the first token (`[CLS]`), or that
-        token's state when the config has no pooler.
+        output is the pooler (a dense layer with `pooler_activation`: tanh
+        for BERT, GELU for DeBERTa's ContextPooler) on the first token
+        (`[CLS]`), or that token's state when the config has no pooler.
+
+    With `position_embedding="disentangled"` (DeBERTa) there is no absolute
+    position table; `disentangled` (a `DisentangledAttention`) adds the
+    relative-position terms to every block's attention logits.
 
     Example:
     >>> bert = BertBackbone.from_preset("bert_tiny")
@@ -51,21 +59,52 @@ class BertBackbone(TextBackbone):
         config = self.config
         self.pooler = None
         if config.pooler:
+            activation = config.pooler_activation
             self.pooler = Dense(
                 config.hidden_dim,
-                activation="tanh",
+                activation="tanh"
+                if activation == "tanh"
+                else activation_fn(activation),
                 kernel_initializer=initializer(config),
                 dtype=self.dtype_policy,
                 name="pooler",
             )
             self.pooler.build((None, config.hidden_dim))
+        self.disentangled = None
+        if config.disentangled is not None:
+            group = config.disentangled
+            self.disentangled = DisentangledAttention(
+                num_layers=config.num_layers,
+                num_heads=config.num_heads,
+                head_dim=config.resolved_head_dim,
+                max_length=config.max_sequence_length,
+                position_buckets=group.position_buckets,
+                max_relative_positions=group.max_relative_positions,
+                share_att_key=group.share_att_key,
+                attention_terms=group.attention_terms,
+                norm_relative_embeddings=group.norm_relative_embeddings,
+                norm_epsilon=config.norm_epsilon,
+                dropout=config.dropout,
+                kernel_initializer=initializer(config),
+                dtype=self.dtype_policy,
+                name="disentangled",
+            )
+            self.disentangled.build((None, None, config.hidden_dim))
 
     def call(self, inputs, training=None):
         token_ids, padding_mask, segment_ids = unpack_token_inputs(
             inputs, self.config, extra=("segment_ids",)
         )
         x = self.embed(token_ids, segment_ids, training=training)  # [B, T, D]
-        x = run_blocks(self.blocks, x, padding_mask, training=training)
+        if self.disentangled is None:
+            x = run_blocks(self.blocks, x, padding_mask, training=training)
+        else:  # each block with its own position terms
+            attentions = [block.self_attention for block in self.blocks]
+            biases = self.disentangled.biases(attentions, training=training)
+            for block, bias in zip(self.blocks, biases):
+                x = run_blocks(
+                    [block], x, padding_mask, training=training, attention_bias=bias
+                )
         if self.final_norm is not None:
             x = self.final_norm(x)
         first = x[:, 0, :]  # [B, D]
