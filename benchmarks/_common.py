@@ -1,13 +1,11 @@
-"""Shared pieces of the benchmark scripts (``bench_gpt.py``, ``bench_bert.py``,
-``bench_seq2seq.py``, ``bench_mixtral.py``, ``bench_vit.py``):
-the command line, environment facts, the Keras optimizer and loss, the
-contender interface and its Keras and Hugging Face bases, the
-alternating-rounds timing harness, and the results table and JSON file. Not a
-benchmark itself."""
+"""Shared pieces of the benchmark scripts (``bench.py``, ``bench_precision.py``,
+``bench_load.py``): environment facts (cores, threads per library, load
+average, versions), the Keras optimizer and loss of every Keras contender,
+the Keras contender base, the alternating-rounds timing harness, and the
+text table and JSON file. Not a benchmark itself."""
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.metadata
 import json
@@ -40,51 +38,6 @@ def all_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-# --------------------------------------------------------------- command line
-def parse_common_args(doc, argv=None, skips=(), quick_flags=("--quick",)):
-    """The command line every benchmark shares.
-
-    `doc`: the script's docstring (its first paragraph is the description);
-    `skips`: `(name, help)` for each of the script's own `--skip-NAME` flags,
-    listed after `--skip-kerashub`; `quick_flags`: the smoke-test flag and its
-    aliases (`args.quick`), which caps `--repeats` and `--steps` at 2.
-    """
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (median taken)")
-    p.add_argument(
-        "--steps", type=int, default=3, help="training steps per timed round"
-    )
-    p.add_argument(
-        *quick_flags, action="store_true", help="tiny sizes, 2 rounds: a smoke test"
-    )
-    p.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face")
-    p.add_argument("--skip-kerashub", action="store_true", help="leave out KerasHub")
-    for name, help_ in skips:
-        p.add_argument(f"--skip-{name}", action="store_true", help=help_)
-    p.add_argument(
-        "--torch-threads", type=int, default=all_cores(), help=TORCH_THREADS_HELP
-    )
-    p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
-    p.add_argument(
-        "--keras-adamw",
-        action="store_true",
-        help="Keras contenders train with keras.optimizers.AdamW instead of "
-        "keras_transformers.training.AdamW (same numbers; in-place on PyTorch)",
-    )
-    p.add_argument(
-        "--keras-loss",
-        action="store_true",
-        help="Keras contenders train with keras.losses.SparseCategoricalCrossentropy "
-        "instead of keras_transformers.training.MaskedSparseCategoricalCrossentropy",
-    )
-    args = p.parse_args(argv)
-    _KERAS_ADAMW[0], _KERAS_LOSS[0] = args.keras_adamw, args.keras_loss
-    if args.quick:
-        args.repeats = min(args.repeats, 2)
-        args.steps = min(args.steps, 2)
-    return args
 
 
 # --------------------------------------------------------------- environment
@@ -186,7 +139,7 @@ def threads(torch):
 def accelerator(backend, torch):
     """The GPU the Keras backend computes on (e.g. "NVIDIA H100 80GB HBM3"),
     or None on a CPU-only run. Hugging Face contenders run on the same
-    device (`HFContender`)."""
+    device (`bench.py`: `_contenders.HF`)."""
     if backend == "jax":
         import jax
 
@@ -221,18 +174,6 @@ def setup_torch(threads):
 
     torch.set_num_threads(threads)
     return torch
-
-
-def start(args):
-    """Imports Keras, sets up torch where anything uses it (Hugging Face, or
-    the torch backend) and seeds Keras; returns `(backend, torch or None)`."""
-    import keras
-
-    backend = keras.config.backend()
-    need_torch = backend == "torch" or not args.skip_hf
-    torch = setup_torch(args.torch_threads) if need_torch else None
-    keras.utils.set_random_seed(0)
-    return backend, torch
 
 
 # --------------------------------------------------------------- contenders
@@ -270,71 +211,6 @@ class KerasContender(Contender):
 
     def notes(self):
         return f"jit_compile={self.model.jit_compile}"
-
-
-class HFContender(Contender):
-    """A Hugging Face model in eager PyTorch: a training step is
-    `model(**self.inputs).loss` (the subclass sets `inputs`), backward and a
-    `torch.optim.AdamW` step with the Keras models' learning rate and weight
-    decay. On a machine with a CUDA GPU the model, its inputs and the
-    optimizer live there (as Keras' PyTorch backend puts its models there);
-    every timed call ends in a host copy (`float(loss)`, `.numpy()`), which
-    waits for the device."""
-
-    name = "hf"
-
-    def __init__(self, model, torch):
-        self.torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = model.to(self.device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
-        )
-
-    def long(self, a):
-        return self.torch.as_tensor(
-            np.asarray(a), dtype=self.torch.long, device=self.device
-        )
-
-    def float32(self, a):
-        return self.torch.as_tensor(
-            np.asarray(a), dtype=self.torch.float32, device=self.device
-        )
-
-    def params(self):
-        return sum(p.numel() for p in self.model.parameters())  # tied: counted once
-
-    def train_step(self):
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
-
-    def notes(self):
-        return (
-            f"attn={self.model.config._attn_implementation}, "
-            f"threads={self.torch.get_num_threads()}"
-        )
-
-
-def build_contenders(args, ours, kerashub, hf, extras=()):
-    """Builds `ours()`, then each of `extras` (factories of further
-    contenders, e.g. variants of ours; None entries are skipped), then
-    `kerashub()` and `hf()` unless skipped; prints their parameter counts and
-    notes; returns `(contenders, results)`."""
-    contenders = [ours()]
-    contenders += [make() for make in extras if make is not None]
-    if not args.skip_kerashub:
-        contenders.append(kerashub())
-    if not args.skip_hf:
-        contenders.append(hf())
-    results = {c.name: {"params": c.params(), "notes": c.notes()} for c in contenders}
-    width = max(9, *(len(c.name) for c in contenders))
-    for c in contenders:
-        print(f"{c.name:{width}s} params={results[c.name]['params']:,}  {c.notes()}")
-    return contenders, results
 
 
 def kerashub_generate(model, prompts, new_tokens):
@@ -472,48 +348,8 @@ def bench_calls(contenders, call, check, repeats, label):
     return run_rounds(contenders, one, one, repeats, label)
 
 
-def ratio(a, b):
-    return None if a is None or b is None or a == 0 else b / a
-
-
 def fmt(x, spec):
     return "-" if x is None else format(x, spec)
-
-
-def loss_row(results, key="final_loss", label="loss after timing"):
-    """The `extra` row of `ratio_table` for `record_train(final_loss=True)`
-    (or, with `key="first_loss"`, for `first_loss=True`)."""
-    return (label, {n: fmt(r.get(key), ".3f") for n, r in results.items()})
-
-
-def ratio_table(results, rows, firsts=(), extra=()):
-    """Prints medians and ours/other speed ratios; returns the ratios.
-
-    `rows`: `(label, key, higher_is_better, format)` for each measured
-    figure; `firsts`: `(label, key)` for first-call times (no ratio);
-    `extra`: `(label, {name: text})` rows printed as given; last, the
-    parameter counts.
-    """
-    names = list(results)
-    others = [n for n in names if n != "ours"]
-    blank = [""] * len(others)
-    lines = [["metric (median)"] + names + [f"ours/{n} speed" for n in others]]
-    ratios = {}
-    for label, key, higher, spec in rows:
-        line = [label] + [fmt(results[n].get(key), spec) for n in names]
-        for n in others:
-            a, b = results["ours"].get(key), results[n].get(key)
-            r = (a / b if a is not None and b else None) if higher else ratio(a, b)
-            ratios[f"{key}:ours/{n}"] = r
-            line.append(fmt(r, ".2f"))
-        lines.append(line)
-    for label, key in firsts:
-        lines.append([label] + [fmt(results[n].get(key), ".2f") for n in names] + blank)
-    for label, values in extra:
-        lines.append([label] + [str(values.get(n, "-")) for n in names] + blank)
-    lines.append(["params"] + [f"{results[n]['params']:,}" for n in names] + blank)
-    print_table(lines)
-    return ratios
 
 
 def print_table(lines, note="(speed ratio > 1: ours is faster)"):

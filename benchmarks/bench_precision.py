@@ -13,7 +13,7 @@ configuration, in one process, on the current Keras backend
 
 Layouts (``--layouts``, comma-separated): ``gpt2`` (learned positions,
 pre-LayerNorm, tanh-approximate GELU, tied embeddings; the configuration of
-``bench_gpt.py`` at a smaller size) and ``llama`` (rotary positions, RMSNorm,
+``bench.py``'s ``gpt2_tiny`` row at a smaller size) and ``llama`` (rotary positions, RMSNorm,
 SwiGLU, grouped-query attention with half as many KV heads, untied head).
 
 Measured: steady-state seconds per training step on one fixed batch (the

@@ -25,6 +25,9 @@ def count_params(config, active: bool) -> int:
     if config.position_embedding == "relative":  # a [buckets, N] table per stack
         stacks = 2 if config.stacks == "encoder_decoder" else 1
         total += stacks * config.relative_attention_buckets * config.num_heads
+    if config.position_embedding == "transformer_xl":  # u, v [N, H], W_r [D, N, H]
+        heads = config.num_heads * config.resolved_head_dim
+        total += config.num_layers * (2 * heads + d * heads)
     if config.embedding_norm:  # one per stack
         total += norm * (2 if config.stacks == "encoder_decoder" else 1)
     # Blocks (LayerScale: one `[D]` scale per residual branch).

@@ -77,6 +77,34 @@ def _check_attention_knobs(config) -> None:
     _check_int("relative_attention_max_distance", distance, exact + 1)
     if config.attention_scale is not None:
         _check_float("attention_scale", config.attention_scale, 1e-12)
+    _check_memory_knobs(config)
+
+
+def _check_memory_knobs(config) -> None:
+    """Transformer-XL's knobs: relative encodings only in a decoder stack
+    without a sliding window; memory and clamp only with them."""
+    xl = config.position_embedding == "transformer_xl"
+    if xl and config.stacks != "decoder":
+        _fail("position_embedding", "transformer_xl", 'stacks="decoder"')
+    if xl and config.sliding_window is not None:
+        _fail(
+            "sliding_window",
+            config.sliding_window,
+            'None with position_embedding="transformer_xl" (the memory bounds '
+            "the context instead)",
+        )
+    _check_int("memory_length", config.memory_length, 0)
+    _check_int("eval_memory_length", config.eval_memory_length, 0, optional=True)
+    _check_int("clamp_len", config.clamp_len, 1, optional=True)
+    for name in ("memory_length", "eval_memory_length", "clamp_len"):
+        if getattr(config, name) and not xl:
+            _fail(
+                name,
+                getattr(config, name),
+                f"{'0' if name == 'memory_length' else 'None'} unless "
+                'position_embedding="transformer_xl" (relative positions across '
+                "segments)",
+            )
 
 
 class _Group:

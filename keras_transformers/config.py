@@ -39,6 +39,8 @@ Glossary (ours -> paper / Hugging Face):
 ``layer_scale``         layerscale_value (DINOv2's layer_scale1 / layer_scale2)
 ``pooler``              ViT's pre-logits layer / HF ViTModel's pooler
 ``remat``               gradient_checkpointing (HF: a training argument)
+``memory_length``       mem_len (Transformer-XL)
+``clamp_len``           clamp_len (Transformer-XL)
 =====================  ==========================================================
 """
 
@@ -75,6 +77,7 @@ POSITION_EMBEDDINGS = (
     "rotary",
     "relative",
     "disentangled",
+    "transformer_xl",
     "none",
 )
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
@@ -106,7 +109,17 @@ class TransformerConfig(_Group):
         pooler_activation: the pooler's activation: "tanh" (BERT) or one of
             `activation`'s names (DeBERTa's ContextPooler: "gelu").
         position_embedding: "learned", "sinusoidal", "rotary", "relative"
-            (T5's bucketed bias on self-attention logits) or "none".
+            (T5's bucketed bias on self-attention logits), "transformer_xl"
+            (Transformer-XL's sinusoidal relative encodings with per-layer
+            content and position biases; decoders only) or "none".
+        memory_length: Transformer-XL segment memory in training: each block
+            also attends to its input hidden states of this many earlier
+            positions (kept without gradient; see `GPTBackbone.reset_memory`).
+            0 = no memory. Needs position_embedding="transformer_xl".
+        eval_memory_length: the memory outside training (evaluation,
+            prediction, generation); None = memory_length.
+        clamp_len: "transformer_xl" distances beyond this share its encoding;
+            None = no clamp.
         relative_attention_buckets: rows of each stack's "relative" table.
         relative_attention_max_distance: "relative" distances >= this share one bucket.
         sinusoidal_interleave: sinusoidal layout: sin/cos interleaved per
@@ -178,6 +191,9 @@ class TransformerConfig(_Group):
     pooler_activation: str = "tanh"
     position_embedding: str = "learned"
     sinusoidal_interleave: bool = True
+    memory_length: int = 0
+    eval_memory_length: int | None = None
+    clamp_len: int | None = None
     relative_attention_buckets: int = 32
     relative_attention_max_distance: int = 128
     separate_decoder_positions: bool = False

@@ -22,6 +22,7 @@ from keras_transformers.layers.core import (
 )
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
+from keras_transformers.layers.segment_memory import with_memory
 from keras_transformers.layers.serializable import serializable
 
 
@@ -93,6 +94,14 @@ class MultiHeadAttention(keras.layers.Layer):
             attended `[B, S, K, H]` (the cache included), returning such a
             bias: a score term that depends on the queries or keys, as
             Transformer-XL's and DeBERTa's relative attention.
+        memory: `[B, M, D]` hidden states of earlier positions (Transformer-XL
+            segment memory; self-attention only, no rotary positions): keys
+            and values are projected from `concat(memory, query)`, or
+            prepended to the cache's, and the queries sit at positions
+            `M + arange(T)` (`M + cache_index + arange(T)` with a cache). The
+            caller stops its gradient.
+        memory_mask: `[B, M]`, True/1 where a memory slot holds a state of the
+            same document (None: all).
         training: dropout switch.
 
     Returns:
@@ -227,19 +236,28 @@ class MultiHeadAttention(keras.layers.Layer):
         positions=None,
         attention_bias=None,
         training=None,
+        memory=None,
+        memory_mask=None,
     ):
         static_cache = cache is not None and cache_index is None
         self_attention = key_value is None and not static_cache
+        if memory is not None and (not self_attention or self.rotary is not None):
+            raise ValueError(
+                "`memory` is for self-attention without rotary positions "
+                "(Transformer-XL uses relative position biases instead)."
+            )
         q = self._normed(self.query_norm, call_layer(self.query_dense, query))
         if static_cache:  # projected encoder states (cross-attention)
             k, v = cache  # [B, S, K, H] each
         else:
             source = query if self_attention else key_value
+            if memory is not None and cache is None:  # [B, M + T, D]
+                source = ops.concatenate([ops.cast(memory, query.dtype), query], 1)
             k = call_layer(self.key_dense, source)  # [B, S, K, H]
             k = self._normed(self.key_norm, k)
             v = call_layer(self.value_dense, source)
         offset = 0 if cache_index is None else cache_index
-        if self_attention:
+        if self_attention and memory is None:
             custom = type(self).process_heads is not MultiHeadAttention.process_heads
             if positions is None and (self.rotary is not None or custom):
                 positions = self._positions(ops.shape(query)[1], offset)
@@ -265,11 +283,17 @@ class MultiHeadAttention(keras.layers.Layer):
                     if _sliceable(attention_bias):
                         attention_bias = attention_bias[..., :filled]
                     causal = causal and ops.shape(q)[1] > 1
+        if memory is not None:
+            k, v, key_padding_mask = with_memory(
+                self, memory, memory_mask, k, v, key_padding_mask, cache is not None
+            )
+            offset = offset + ops.shape(memory)[1]
         if callable(attention_bias):  # a score term that reads q and k
             attention_bias = attention_bias(q, k)
         use_is_causal = (
             causal
             and cache is None
+            and memory is None
             and key_padding_mask is None
             and self.sliding_window is None
             and attention_bias is None

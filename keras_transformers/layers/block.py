@@ -65,6 +65,10 @@ class TransformerBlock(keras.layers.Layer):
             `[B, N, T, S]` (see `MultiHeadAttention`; e.g. a stack's
             `RelativePositionBias`, computed once and shared by its blocks);
             cross-attention gets none.
+        memory: `[B, M, D]` earlier input states of this block (Transformer-XL
+            memory, without gradient): self-attention also attends to them
+            (normed as `x` is, with pre-norm; see `MultiHeadAttention`).
+        memory_mask: `[B, M]`, True where a memory slot is valid.
         training: dropout switch.
 
     Returns:
@@ -231,8 +235,12 @@ class TransformerBlock(keras.layers.Layer):
         cross_cache=None,
         attention_bias=None,
         training=None,
+        memory=None,
+        memory_mask=None,
     ):
         new_cache = []
+        if memory is not None and self.norm_position == "pre":
+            memory = call_layer(self.self_attention_norm, memory)
 
         def attend(h):
             out = call_layer(
@@ -243,6 +251,8 @@ class TransformerBlock(keras.layers.Layer):
                 cache_index=cache_index,
                 attention_bias=attention_bias,
                 training=training,
+                memory=memory,
+                memory_mask=memory_mask,
             )
             if cache is None:
                 return out

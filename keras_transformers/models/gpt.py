@@ -14,6 +14,12 @@ from keras_transformers.models.base import (
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.text import TextBackbone
+from keras_transformers.models.transformer_xl import (
+    make_xl_layers,
+    reset_xl_memory,
+    xl_call,
+    xl_segment,
+)
 from keras_transformers.registry import register_model
 
 
@@ -45,7 +51,14 @@ class GPTBackbone(TextBackbone):
     stacks = "decoder"
     causal = True
 
+    def _build_extras(self):
+        self.relative_biases = self.segment_memory = None
+        if self.config.position_embedding == "transformer_xl":
+            self.relative_biases, self.segment_memory = make_xl_layers(self)
+
     def call(self, inputs, cache=None, cache_index=None, training=None):
+        if self.segment_memory is not None:  # Transformer-XL
+            return xl_call(self, inputs, cache, cache_index, training)
         # Decoding steps skip the value check: `generate` checks the prompt once.
         token_ids, padding_mask = unpack_token_inputs(
             inputs, self.config, check_values=cache is None
@@ -72,6 +85,27 @@ class GPTBackbone(TextBackbone):
         shape = (batch_size, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
         zeros = lambda: ops.zeros(shape, dtype=self.compute_dtype)  # noqa: E731
         return tuple((zeros(), zeros()) for _ in range(c.num_layers))
+
+    def call_with_memory(self, inputs, memory=None, memory_mask=None, training=None):
+        """One Transformer-XL segment, without state: `inputs` as for `call`,
+        `memory` `[L, B, M, D]` (each block's input states of the M earlier
+        positions; None: none) and `memory_mask` `[B, M]` (True where valid;
+        None: all). Returns `(hidden [B, T, D], memory, memory_mask)`, the
+        memory now ending with this segment (M slots, or the config's
+        memory length when `memory` is None; no gradient)."""
+        return xl_segment(self, inputs, memory, memory_mask, training)
+
+    def reset_memory(self, batch_size=None):
+        """Clears the Transformer-XL memory (see `config.memory_length`).
+        With `batch_size`, (re)allocates it for that many rows: from then
+        on each call (and `fit()` / `evaluate()` / `predict()`, whose
+        batches must then all have `batch_size` rows, in order: row i
+        continuing row i of the previous batch) attends to the memory and
+        updates it, and `generate()` attends to it. Inputs may add
+        `"memory_reset"` `[B]` (True where a row starts a new document: that
+        row sees no memory; see `keras_transformers.data.segment_batches`).
+        Without a memory length, or before any allocation, raises ValueError."""
+        reset_xl_memory(self, batch_size)
 
 
 @register_model("causal_lm", default=True)
