@@ -1,6 +1,6 @@
 """Data for training: text, parallel text and images, ready for `model.fit`.
 
-Four modules, all backend-independent (NumPy, the standard library and
+Three modules, all backend-independent (NumPy, the standard library and
 `keras.utils.PyDataset` / Keras layers):
 
 * :mod:`keras_transformers.data.text` - text sources (`default_text`,
@@ -9,12 +9,12 @@ Four modules, all backend-independent (NumPy, the standard library and
 * :mod:`keras_transformers.data.parallel` - sentence pairs for
   sequence-to-sequence training: the verse-aligned Bible split by book, a
   task generated in code, a shared BPE vocabulary and `seq2seq_dataset`;
-* :mod:`keras_transformers.data.segments` - consecutive segments of long
-  texts for a recurrent memory (Transformer-XL: `segment_batches`);
+  T5's span-corruption pretraining pairs (`span_corruption`, in
+  :mod:`keras_transformers.data.span_corruption`);
 * :mod:`keras_transformers.data.images` - IDX files (MNIST /
   Fashion-MNIST), folders of images, resizing and augmentation for ViTs.
 
-Every public name of the four is importable from here:
+Every public name of the three is importable from here:
 
 ```python
 from keras_transformers.data import lm_dataset, seq2seq_dataset, load_images
@@ -57,7 +57,10 @@ from keras_transformers.data.parallel import (
     task_pairs,
     train_shared_tokenizer,
 )
-from keras_transformers.data.segments import SegmentBatches, segment_batches
+from keras_transformers.data.span_corruption import (
+    span_corruption,
+    span_corruption_pairs,
+)
 from keras_transformers.data.text import (
     KJV_RANGE,
     SENTIMENT_LABELS,
@@ -86,7 +89,6 @@ __all__ = [
     "TASKS",
     "Augmented",
     "LMDataset",
-    "SegmentBatches",
     "Seq2SeqDataset",
     "ShuffledBatches",
     "VersePair",
@@ -109,8 +111,9 @@ __all__ = [
     "read_text",
     "resize_images",
     "sentiment_tweets",
-    "segment_batches",
     "seq2seq_dataset",
+    "span_corruption",
+    "span_corruption_pairs",
     "split_by_book",
     "split_tokens",
     "task_pairs",
