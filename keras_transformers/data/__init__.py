@@ -1,6 +1,6 @@
 """Data for training: text, parallel text and images, ready for `model.fit`.
 
-Three modules, all backend-independent (NumPy, the standard library and
+Four modules, all backend-independent (NumPy, the standard library and
 `keras.utils.PyDataset` / Keras layers):
 
 * :mod:`keras_transformers.data.text` - text sources (`default_text`,
@@ -11,10 +11,12 @@ Three modules, all backend-independent (NumPy, the standard library and
   task generated in code, a shared BPE vocabulary and `seq2seq_dataset`;
   T5's span-corruption pretraining pairs (`span_corruption`, in
   :mod:`keras_transformers.data.span_corruption`);
+* :mod:`keras_transformers.data.segments` - consecutive segments of long
+  texts for a recurrent memory (Transformer-XL: `segment_batches`);
 * :mod:`keras_transformers.data.images` - IDX files (MNIST /
   Fashion-MNIST), folders of images, resizing and augmentation for ViTs.
 
-Every public name of the three is importable from here:
+Every public name of the four is importable from here:
 
 ```python
 from keras_transformers.data import lm_dataset, seq2seq_dataset, load_images
@@ -57,6 +59,7 @@ from keras_transformers.data.parallel import (
     task_pairs,
     train_shared_tokenizer,
 )
+from keras_transformers.data.segments import SegmentBatches, segment_batches
 from keras_transformers.data.span_corruption import (
     span_corruption,
     span_corruption_pairs,
@@ -89,6 +92,7 @@ __all__ = [
     "TASKS",
     "Augmented",
     "LMDataset",
+    "SegmentBatches",
     "Seq2SeqDataset",
     "ShuffledBatches",
     "VersePair",
@@ -111,6 +115,7 @@ __all__ = [
     "read_text",
     "resize_images",
     "sentiment_tweets",
+    "segment_batches",
     "seq2seq_dataset",
     "span_corruption",
     "span_corruption_pairs",
