@@ -15,6 +15,14 @@ last epochs' weights -> SacreBLEU on held-out books (Ruth, Jonah,
 Philippians, James), greedy and with beam search (4 beams, alpha 0.6) ->
 `save_to_preset` with the tokenizer. `--task numbers` trains on a task
 generated in code instead (English number words -> digits), no package needed.
+
+`--architecture t5` trains T5's architecture instead (pre-norm RMS layers,
+bucketed relative position bias, no biases, ReLU feed-forward, output scaled
+by d**-0.5) at the same widths, text-to-text: every source starts with
+"translate English to French: ". `--span-corruption-epochs N` first
+pretrains it for N epochs on T5's span-corruption task (both languages'
+training text, `keras_transformers.data.span_corruption`), with 100
+sentinel ids set aside above the vocabulary.
 """
 
 import argparse
@@ -38,6 +46,10 @@ from keras_transformers.training import (  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--task", choices=("bible", *parallel.TASKS), default="bible")
+parser.add_argument(
+    "--architecture", choices=("transformer", "t5"), default="transformer"
+)
+parser.add_argument("--span-corruption-epochs", type=int, default=0, help="T5 only")
 parser.add_argument("--source", default="4", help="Bible code (4: World English)")
 parser.add_argument("--target", default="l", help="Bible code (l: Louis Segond)")
 parser.add_argument("--vocabulary-size", type=int, help="default: 8000 (numbers: 300)")
@@ -79,6 +91,11 @@ else:
     validation = parallel.task_pairs(args.task, 500, "test", seed=1)
     test = parallel.task_pairs(args.task, 1000, "test", seed=2)
 test = test[: args.test_sentences]
+if args.architecture == "t5":  # text-to-text: the task is written in the input
+    prefix = "translate English to French: " if args.task == "bible" else "digits: "
+    train, validation, test = (
+        [(prefix + s, t) for s, t in split] for split in (train, validation, test)
+    )
 print(f"{len(train):,} train, {len(validation):,} validation, {len(test):,} test pairs")
 print(f"  e.g. {train[0][0]!r} -> {train[0][1]!r}")
 
@@ -107,16 +124,21 @@ print(
 )
 
 # 4. The model: the base Transformer's architecture (post-norm, sinusoidal
-#    positions, shared embeddings, ReLU), narrowed and made shallower.
+#    positions, shared embeddings, ReLU), narrowed and made shallower; or
+#    T5's at the same widths (100 sentinel ids above the vocabulary).
+sentinels = 100 if args.architecture == "t5" else 0
 lm = Seq2SeqLM.from_preset(
-    "transformer_base",
-    vocabulary_size=tokenizer.vocabulary_size,
+    "t5_small" if args.architecture == "t5" else "transformer_base",
+    vocabulary_size=tokenizer.vocabulary_size + sentinels,
     num_layers=args.num_layers,
+    num_decoder_layers=args.num_layers,
     hidden_dim=args.hidden_dim,
     num_heads=args.num_heads,
+    head_dim=args.hidden_dim // args.num_heads,
     intermediate_dim=args.intermediate_dim,
     dropout=args.dropout,
-    max_sequence_length=512,  # positions are sinusoidal: no weights; long test verses
+    attention_dropout=0.0,
+    max_sequence_length=512,  # no position weights: long test verses
     pad_token_id=tokenizer.pad_token_id,
     bos_token_id=tokenizer.bos_token_id,
     eos_token_id=tokenizer.eos_token_id,
@@ -132,6 +154,41 @@ lm.compile(
     loss=MaskedSparseCategoricalCrossentropy(ignore_class=pad, label_smoothing=0.1),
     metrics=[MaskedAccuracy(ignore_class=pad, name="accuracy")],
 )
+
+# 5b. T5 only, optional: pretrain on span corruption (both languages'
+#     training text, unlabelled), then go on to translation.
+if args.span_corruption_epochs and args.architecture == "t5":
+    from keras_transformers.data import span_corruption_pairs
+
+    class Pretokenized:
+        """Hands token ids through `seq2seq_dataset`, which adds eos / bos."""
+
+        pad_token_id = tokenizer.pad_token_id
+        bos_token_id = tokenizer.bos_token_id
+        eos_token_id = tokenizer.eos_token_id
+
+        @staticmethod
+        def encode(sequences):
+            return [list(s) for s in sequences]
+
+    texts = [s.split(": ", 1)[1] for s, _ in train] + [t for _, t in train]
+    ids = tokenizer.encode(texts)
+    top = tokenizer.vocabulary_size + sentinels - 1  # <extra_id_0>, then down
+    corrupted = span_corruption_pairs(
+        ids, range(top, top - sentinels, -1), tokenizer.eos_token_id, seed=0
+    )
+    corrupted = [(x[:-1], y[:-1]) for x, y in corrupted]  # the dataset adds eos
+    pretrain_data = parallel.seq2seq_dataset(
+        corrupted,
+        Pretokenized,
+        args.batch_size,
+        shuffle=True,
+        num_batches=args.steps_per_epoch,
+        length_multiple=16,
+        **lengths,
+    )
+    print(f"Span corruption: {pretrain_data.num_examples:,} examples")
+    lm.fit(pretrain_data, epochs=args.span_corruption_epochs)
 
 # 6. fit(); the final weights are the mean of the last --average epochs'
 #    (the paper averages the last 5 checkpoints).
