@@ -269,7 +269,7 @@ def timed(fn):
     return time.perf_counter() - start, result
 
 
-def run_rounds(contenders, first_call, timed_call, repeats, label):
+def run_rounds(contenders, first_call, timed_call, repeats, label, errors=None):
     """Warm-up, then `repeats` alternating rounds.
 
     `first_call(c)` is run twice per contender (the first time is reported:
@@ -277,13 +277,24 @@ def run_rounds(contenders, first_call, timed_call, repeats, label):
     seconds) runs once per contender per round, in turn. The order rotates
     every round (A B C, B C A, C A B, ...), so no contender always runs
     right after the same other one (e.g. after eager PyTorch left the caches
-    cold, or a slow phase of a shared machine).
+    cold, or a slow phase of a shared machine). With a dict `errors`, a
+    contender whose first or warm-up call raises is left out of the rounds
+    (and of the returned figures) and its error stored there by name.
     """
-    first = {}
+    first, kept = {}, []
     for c in contenders:
-        first[c.name] = first_call(c)
-        first_call(c)
+        try:
+            first[c.name] = first_call(c)
+            first_call(c)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors[c.name] = f"{type(e).__name__}: {e}"
+            print(f"  [{label}] {c.name}: ERROR {errors[c.name]}", flush=True)
+            continue
+        kept.append(c)
         print(f"  [{label}] {c.name}: first call {first[c.name]:.2f}s", flush=True)
+    contenders = kept
     samples = {c.name: [] for c in contenders}
     for r in range(repeats):
         shift = r % len(contenders)
@@ -336,16 +347,16 @@ def record_train(contenders, results, args, final_loss=False, first_loss=False):
             r["final_loss"] = step_loss(c.train_step())
 
 
-def bench_calls(contenders, call, check, repeats, label):
+def bench_calls(contenders, call, check, repeats, label, errors=None):
     """Seconds per `call(c)`; `check(c.name, output)` runs after each call,
-    untimed."""
+    untimed. `errors`: as for `run_rounds`."""
 
     def one(c):
         seconds, out = timed(lambda: call(c))
         check(c.name, out)
         return seconds
 
-    return run_rounds(contenders, one, one, repeats, label)
+    return run_rounds(contenders, one, one, repeats, label, errors)
 
 
 def fmt(x, spec):

@@ -45,15 +45,20 @@ def record_beam(contenders, out, batch, row, start_id, args):
     first call's time."""
     n = row.new_tokens
     for b, sources in batch.prompts.items():
+        errors = {}
         firsts, samples = bench_calls(
             contenders,
             lambda c, s=sources: c.beam(s, n, NUM_BEAMS, LENGTH_PENALTY, start_id),
             lambda name, o, s=sources: check_beam(name, o, s, n, start_id),
             args.repeats,
             f"beam{NUM_BEAMS} b={b}",
+            errors,
         )
         for c in contenders:
             r = out["contenders"][c.name]
+            if c.name in errors:
+                r[f"beam_b{b}_error"] = errors[c.name]
+                continue
             median = statistics.median(samples[c.name])
             r[f"beam_b{b}_first_call_s"] = firsts[c.name]
             r[f"beam_b{b}_samples_s"] = samples[c.name]
@@ -69,7 +74,7 @@ def record(contenders, out, batch, row, args):
     the first calls' times."""
     n = max(row.new_tokens, 2)
     for b, prompts in batch.prompts.items():
-        medians = {}
+        medians, errors = {}, {}
         for new in (1, n):
             label = f"gen b={b} new={new}"
             firsts, samples = bench_calls(
@@ -78,14 +83,20 @@ def record(contenders, out, batch, row, args):
                 lambda name, o, p=prompts, new=new: check(name, o, p, new),
                 args.repeats,
                 label,
+                errors,
             )
             for c in contenders:
+                if c.name in errors:
+                    continue
                 r = out["contenders"][c.name]
                 r[f"gen_b{b}_new{new}_first_call_s"] = firsts[c.name]
                 r[f"gen_b{b}_new{new}_samples_s"] = samples[c.name]
                 medians[c.name, new] = statistics.median(samples[c.name])
         for c in contenders:
             r = out["contenders"][c.name]
+            if c.name in errors:
+                r[f"gen_b{b}_error"] = errors[c.name]
+                continue
             prefill, total = medians[c.name, 1], medians[c.name, n]
             # None where noise hides the decode time (a loaded machine, few tokens).
             per_token = (total - prefill) / (n - 1) if total > prefill else None

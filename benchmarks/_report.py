@@ -114,6 +114,10 @@ def table(results, args):
                         "" if cname == "ours" else fmt(speed, ".2f"),
                     ]
                 )
+        for cname, r in cs.items():
+            for key, error in r.items():
+                if key.endswith("_error"):
+                    problems.append(f"{name}: {cname} {key[: -len('_error')]}: {error}")
         for cname, why in row.get("skipped", {}).items():
             problems.append(f"{name}: {cname} skipped: {why}")
         if "error" in row:

@@ -248,10 +248,15 @@ def record_train(contenders, out, args, env, flops, peak, row):
             c.train_step()
         return (time.perf_counter() - start) / args.steps
 
+    errors = {}
     firsts, samples = _common.run_rounds(
-        contenders, first, round_, args.repeats, "train"
+        contenders, first, round_, args.repeats, "train", errors
     )
+    for name, error in errors.items():
+        out["contenders"][name]["train_error"] = error
     for c in contenders:
+        if c.name in errors:
+            continue
         r = out["contenders"][c.name]
         s = statistics.median(samples[c.name])
         r.update(
