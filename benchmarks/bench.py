@@ -85,6 +85,8 @@ def parse_args(argv=None):
         if name not in CONTENDERS:
             p.error(f"unknown contender {name!r}; contenders: {', '.join(CONTENDERS)}")
     args.mode = set(args.mode.split(","))
+    if not args.mode or not args.mode <= {"train", "generate"}:
+        p.error(f"--mode takes train, generate or train,generate; got {args.mode}")
     if args.quick:
         args.repeats, args.steps = min(args.repeats, 2), 1
     names = args.rows.split(",") if args.rows else None
