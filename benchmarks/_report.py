@@ -140,5 +140,29 @@ def table(results, args):
             "(beam search: 4 beams, length penalty 0.6, no early stop; tok/s: "
             "new tokens of the returned sequences / call s)",
         )
+    twins(results)
     for line in problems:
         print(line)
+
+
+def twins(results):
+    """For each MoE row run beside its dense twin (`<row>_dense`: the same
+    active parameters), prints and stores (`ratios["train:<contender>/dense
+    twin"]`) the twin's step time over the MoE step's, per contender: 1
+    means the MoE step is as fast as a dense step of the same FLOPs."""
+    for name, row in results.items():
+        twin = results.get(f"{name}_dense")
+        if row.get("kind") != "moe" or not twin:
+            continue
+        shown = []
+        for cname, r in row["contenders"].items():
+            moe = r.get("train_s_per_step")
+            dense = twin["contenders"].get(cname, {}).get("train_s_per_step")
+            if moe and dense:
+                row["ratios"][f"train:{cname}/dense twin"] = dense / moe
+                shown.append(f"{cname} {dense / moe:.2f}")
+        if shown:
+            print(
+                f"{name} vs {name}_dense (twin s/step over MoE s/step; 1 = the "
+                f"MoE step runs as fast as the same active FLOPs): {', '.join(shown)}"
+            )
