@@ -412,13 +412,17 @@ def update_cache(cache, update, index):
     """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
 
     PyTorch without autograd (decoding) writes in place, avoiding a copy of
-    the whole cache per token; everywhere else this is
+    the whole cache per token (at a tensor `index`, a compiled step's, with
+    `index_copy_`, which `torch.compile` traces); everywhere else this is
     `keras.ops.slice_update`, which XLA performs in place inside loops.
     """
     if keras.config.backend() == "torch":
         import torch
 
         if not torch.is_grad_enabled():
+            if isinstance(index, torch.Tensor):
+                rows = index.long() + torch.arange(update.shape[1], device=index.device)
+                return cache.index_copy_(1, rows, update.to(cache.dtype))
             start = int(index)
             cache[:, start : start + update.shape[1]] = update  # casts too
             return cache

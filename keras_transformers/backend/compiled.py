@@ -54,3 +54,53 @@ def _clearing_losses(model, train_step):
         return logs
 
     return step
+
+
+def compiled_decoding(model) -> bool:
+    """Whether `generate` decodes with one compiled step per token: PyTorch
+    with `model.compile(jit_compile=True)`. (JAX and TensorFlow always
+    compile the whole decoding loop; eager PyTorch runs it as Python.)"""
+    return keras.config.backend() == "torch" and bool(model.jit_compile)
+
+
+def compile_step(fn):
+    """`fn(*tensors)`, one decoding step, through `torch.compile` without
+    autograd. Its position is a 0-d tensor and its KV cache a fixed-size
+    buffer written in place (`update_cache`), so every step runs the same
+    compiled program: one compilation per input shape (batch size and
+    buffer length), never one per token. The weights are read as graph
+    inputs (no per-call snapshot, see `backend.compile_function`)."""
+    import torch
+
+    from keras_transformers import backend
+
+    compiled = torch.compile(fn)
+
+    def run(*args):
+        previous = backend._VALUES[0], backend._MEMO[0]
+        backend._VALUES[0] = backend._MEMO[0] = None
+        try:
+            with torch.no_grad():
+                return compiled(*args)
+        finally:
+            backend._VALUES[0], backend._MEMO[0] = previous
+
+    return run
+
+
+def slice_rows(x, start, length: int):
+    """`x[start : start + length]` along the first axis, `start` an int or
+    a scalar int tensor: `keras.ops.slice`, except under `torch.compile`
+    with a tensor `start` (a compiled decoding step's position), where the
+    rows are gathered (`index_select`, traced) rather than `start` read on
+    the host (Keras' PyTorch slice: a graph break)."""
+    from keras_transformers.backend import _torch_tensor, torch_compiling
+
+    if torch_compiling() and not isinstance(start, int):
+        import torch
+
+        x, start = _torch_tensor(x), _torch_tensor(start)
+        rows = start.long() + torch.arange(length, device=start.device)
+        return torch.index_select(x, 0, rows)
+    starts = (start,) + (0,) * (len(x.shape) - 1)
+    return keras.ops.slice(x, starts, (length, *x.shape[1:]))

@@ -9,7 +9,9 @@ rolling cache is filled with a bucketed prefix of the shortest prompt only
 (see `_prefix_length`). Shapes are static, so XLA compiles the loop once per
 bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd,
 prefilling only the shortest prompt, with a Python-int position (see
-`backend.while_loop`).
+`backend.while_loop`), or, for a model compiled with
+`jit_compile=True`, as a Python loop over one `torch.compile`d step with a
+tensor position over the same fixed-size cache (`_decode_step`).
 
 Each step runs the logits processors (`processors.py`: repetition penalty,
 minimum length) before the sampler. Streaming and stop strings run the same
@@ -20,14 +22,12 @@ loop a chunk of positions at a time with the host in between
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import compile_function
+from keras_transformers.backend.compiled import compile_step, compiled_decoding
 from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.processors import (
@@ -44,47 +44,15 @@ from keras_transformers.generation.prompts import (  # noqa: F401 (re-exported)
     pad_rows,
 )
 from keras_transformers.generation.sampling import next_token
+from keras_transformers.generation.settings import (  # noqa: F401 (re-exported)
+    DEFAULT_MAX_NEW_TOKENS,
+    _max_new_tokens,
+    _pick,
+    _stop_ids,
+    check_run_arguments,
+)
 
 BUCKET = 32
-DEFAULT_MAX_NEW_TOKENS = 32
-
-
-def _stop_ids(model, stop_token_ids):
-    """The ids that end a row. "auto": the generation config's end ids,
-    else the model config's, else the tokenizer's."""
-    if stop_token_ids == "auto":
-        eos = generation_config(model).eos_token_id
-        if eos is None and model.config.eos_token_id is not None:
-            eos = (model.config.eos_token_id,)
-        if eos is None and getattr(model, "tokenizer", None) is not None:
-            token = getattr(model.tokenizer, "eos_token_id", None)
-            eos = None if token is None else (token,)
-        return () if eos is None else tuple(int(t) for t in eos)
-    if stop_token_ids is None:
-        return ()
-    many = isinstance(stop_token_ids, (list, tuple, set, frozenset))
-    ids = tuple(stop_token_ids) if many else (stop_token_ids,)
-    for token in ids:
-        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-            ok = False
-        else:
-            ok = token >= 0
-        if not ok:
-            raise ValueError(
-                "`stop_token_ids` must be 'auto', None, an id or a list of ids "
-                f"(integers >= 0). Received: {stop_token_ids!r}"
-            )
-    return tuple(int(t) for t in ids)
-
-
-def check_run_arguments(seed, stream=None) -> None:
-    """Checks the `seed` and `stream` arguments of the generate functions."""
-    check_argument_int("seed", seed, 0, optional=True)
-    if stream is not None and not callable(stream):
-        raise ValueError(
-            "`stream` must be a callable taking a [batch] array of new tokens. "
-            f"Received: {type(stream).__name__}"
-        )
 
 
 def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
@@ -105,15 +73,14 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
     def step(state, consts):
         index, token_ids, cache, done, generated, seen = state
         prompt_mask, limits, min_limits, uniforms = consts
-        batch = token_ids.shape[0]
-        previous = ops.slice(token_ids, (0, index - 1), (batch, 1))  # [B, 1]
+        previous = _column(token_ids, index - 1)[:, None]  # [B, 1]
         logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
         logits = ops.cast(logits[:, 0, :], "float32")  # [B, V]
         logits = process_logits(logits, index, seen, min_limits, stop_vocab, settings)
         uniform = ops.take(uniforms, index, axis=0) if spec.random else None  # [B]
         sampled = next_token(logits, uniform, spec)  # [B]
-        in_prompt = ops.slice(prompt_mask, (0, index), (batch, 1))[:, 0]
-        current = ops.slice(token_ids, (0, index), (batch, 1))[:, 0]
+        in_prompt = _column(prompt_mask, index)  # [B]
+        current = _column(token_ids, index)
         token = ops.where(in_prompt, current, ops.where(done, pad_id, sampled))
         new = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
         token_ids = backend.update_cache(token_ids, token[:, None], index)
@@ -129,6 +96,15 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
         return index + 1, token_ids, cache, done, generated, seen
 
     return step
+
+
+def _column(x, index):
+    """`x [B, L]` at position `index` -> `[B]`: `ops.slice`, or under
+    `torch.compile` (a compiled step's tensor position) `ops.take`, which
+    it traces (Keras' PyTorch slice reads a tensor start on the host)."""
+    if backend.torch_compiling():
+        return ops.take(x, index, axis=1)
+    return ops.slice(x, (0, index), (x.shape[0], 1))[:, 0]
 
 
 def _prefix_length(config, min_length, length):
@@ -187,8 +163,24 @@ def decode_loop(step, state, consts, end):
     return backend.while_loop(cond, body, tuple(state))
 
 
-def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings):
+def _decode_step(model, spec, stop_ids, pad_id, settings):
+    """`_step_fn`'s step, compiled on its own where the model decodes with a
+    compiled step (PyTorch with `jit_compile=True`; its position is then a
+    tensor, see `_loop_index`)."""
     step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
+    return compile_step(step) if compiled_decoding(model) else step
+
+
+def _loop_index(model, value):
+    """The loop's start position: a tensor for a compiled step (one program
+    for every position), else `backend.loop_index`."""
+    if compiled_decoding(model):
+        return ops.convert_to_tensor(value, "int32")
+    return backend.loop_index(value)
+
+
+def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings):
+    step = _decode_step(model, spec, stop_ids, pad_id, settings)
 
     def run(token_ids, seen, prompt_mask, limits, min_limits, uniforms, start, end):
         cache = _prefill(model, token_ids, prefix)
@@ -202,7 +194,7 @@ def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings):
 
 
 def _chunk_fn(model, spec, stop_ids, pad_id, settings):
-    step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
+    step = _decode_step(model, spec, stop_ids, pad_id, settings)
 
     def run(state, consts, end):
         return decode_loop(step, state, consts, end)
@@ -230,6 +222,15 @@ def generate(
     Settings left at None take the model's `generation_config` (read from
     a Hugging Face checkpoint's `generation_config.json`), else the defaults
     below.
+
+    Compilation follows the model's `compile(jit_compile=...)`, as in
+    KerasHub: JAX and TensorFlow compile the whole decoding loop (XLA) in
+    any case; PyTorch decodes eagerly unless the model was compiled with
+    `jit_compile=True`, in which case each new token is one
+    `torch.compile`d step over a preallocated, fixed-size KV cache with the
+    position as a tensor (Hugging Face's "static cache"): one compilation
+    per batch size and length bucket, then no recompilation per token. The
+    tokens are the same either way.
 
     Args:
         model: a `CausalLM` (e.g. `GPTCausalLM`).
@@ -323,7 +324,7 @@ def generate(
             lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix, settings),
         )
         out_ids, generated = fn(
-            *args, backend.loop_index(start), backend.loop_index(total)
+            *args, _loop_index(model, start), backend.loop_index(total)
         )
         out_ids = np.asarray(ops.convert_to_numpy(out_ids))
         generated = np.asarray(ops.convert_to_numpy(generated))
@@ -341,28 +342,10 @@ def generate(
     return _finish(model, out_ids, generated, prompt_mask, was_text, single, checker)
 
 
-def _pick(value, default, fallback):
-    """The first of (explicit value, generation-config default) that is set."""
-    if value is not None:
-        return value
-    return fallback if default is None else default
-
-
-def _max_new_tokens(value, defaults, lengths, config):
-    if value is None and defaults.max_new_tokens is not None:
-        value = defaults.max_new_tokens
-    elif value is None and defaults.max_length is not None:
-        limit = min(defaults.max_length, config.max_sequence_length)
-        value = max(1, limit - int(lengths.max()))
-    elif value is None:
-        value = DEFAULT_MAX_NEW_TOKENS
-    return check_argument_int("max_new_tokens", value, 1)
-
-
 def _compiled(model, kind, spec, stop_ids, make):
     """Compiled functions are kept on the model, one per sampler setting."""
     store = model.__dict__.setdefault("_generate_functions", {})
-    key = (kind, spec, stop_ids)
+    key = (kind, spec, stop_ids, compiled_decoding(model))
     if key not in store:
         policy = model.dtype_policy
         direct = policy.compute_dtype == policy.variable_dtype  # no autocasting
@@ -394,7 +377,7 @@ def _chunked(model, key, stop_ids, args, span, prefix, callback, checker):
     start, end = span
     size = 1 if callback is not None else stop_strings_module.CHUNK
     state = initial_state(
-        backend.loop_index(start), token_ids, prefill(token_ids), seen
+        _loop_index(model, start), token_ids, prefill(token_ids), seen
     )
     position = start
     while position < end:

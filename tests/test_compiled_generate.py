@@ -1,0 +1,143 @@
+"""Compiled generation: a model compiled with `jit_compile=True` generates
+the same tokens as the eager reference.
+
+PyTorch decodes each token with one `torch.compile`d step over a
+fixed-size KV cache, its position a tensor: one compilation for the whole
+generation (and for later ones of the same shapes), no graph break. JAX
+and TensorFlow compile the whole decoding loop with XLA; their tokens are
+checked against greedy decoding by full forward passes without a cache.
+
+Compiling is slow on a small CPU: the PyTorch MoE case carries the `large`
+marker.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformers.models import GPTCausalLM, MixtralCausalLM, Seq2SeqLM
+
+NEW_TOKENS = 6
+PRESETS = {
+    "gpt2": (GPTCausalLM, "gpt2_tiny"),
+    "llama": (GPTCausalLM, "gpt_llama_tiny"),
+    "mixtral": (MixtralCausalLM, "mixtral_tiny"),
+}
+
+
+def _causal_lm(family):
+    cls, preset = PRESETS[family]
+    return cls.from_preset(preset, num_layers=1)
+
+
+def _prompts(model, rng, lengths):
+    vocabulary = model.config.vocabulary_size
+    return [rng.integers(3, vocabulary, n).tolist() for n in lengths]
+
+
+def _full_forward_greedy(model, prompts):
+    """Greedy continuation of equal-length prompts, each token from a full
+    forward pass over the sequence so far (no cache, no compilation)."""
+    ids = np.asarray(prompts, "int32")
+    for _ in range(NEW_TOKENS):
+        logits = keras.ops.convert_to_numpy(model(ids))[:, -1]
+        ids = np.concatenate([ids, logits.argmax(-1)[:, None].astype("int32")], 1)
+    return ids
+
+
+def _seq2seq_full_forward_greedy(model, sources, start):
+    """Greedy targets of a `Seq2SeqLM`, each token from a full decoder pass
+    over the target so far (no cache, no compilation)."""
+    sources = np.asarray(sources, "int32")
+    targets = np.full((len(sources), 1), start, "int32")
+    for _ in range(NEW_TOKENS):
+        logits = model(
+            {
+                "encoder_token_ids": sources,
+                "encoder_padding_mask": np.ones(sources.shape, bool),
+                "decoder_token_ids": targets,
+                "decoder_padding_mask": np.ones(targets.shape, bool),
+            }
+        )
+        token = keras.ops.convert_to_numpy(logits)[:, -1].argmax(-1)
+        targets = np.concatenate([targets, token[:, None].astype("int32")], 1)
+    return targets[:, 1:]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "mixtral"])
+def test_xla_generate_matches_full_forward(family, rng, backend):
+    if backend == "torch":
+        pytest.skip("PyTorch's compiled decoding step is tested below")
+    model = _causal_lm(family)
+    model.compile(jit_compile=True)
+    prompts = _prompts(model, rng, [5, 5])
+    expected = _full_forward_greedy(model, prompts)
+    out = model.generate(prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_xla_seq2seq_generate_matches_full_forward(rng, backend):
+    if backend == "torch":
+        pytest.skip("XLA compiles the seq2seq decoding loop on JAX and TensorFlow")
+    model = Seq2SeqLM.from_preset("transformer_tiny", num_layers=1)
+    model.compile(jit_compile=True)
+    sources = _prompts(model, rng, [6, 6])
+    start = model.config.bos_token_id
+    expected = _seq2seq_full_forward_greedy(model, sources, start)
+    out = model.generate(
+        sources,
+        max_new_tokens=NEW_TOKENS,
+        start_token_id=start,
+        stop_token_ids=None,
+    )
+    np.testing.assert_array_equal(out, expected)
+
+
+def _torch_families():
+    return [
+        pytest.param("gpt2"),
+        pytest.param("mixtral", marks=pytest.mark.large),
+    ]
+
+
+@pytest.mark.parametrize("family", _torch_families())
+def test_torch_compiled_decoding_step_matches_eager(family, rng, backend):
+    if backend != "torch":
+        pytest.skip("torch.compile is PyTorch's compiler")
+    import torch
+    from torch._dynamo.utils import counters
+
+    model = _causal_lm(family)
+    first = _prompts(model, rng, [5, 3])  # rows of different prompt lengths
+    second = _prompts(model, rng, [4, 6])
+    kwargs = dict(max_new_tokens=NEW_TOKENS, stop_token_ids=None)
+    eager = [model.generate(p, **kwargs) for p in (first, second)]
+
+    model.compile(jit_compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    out = model.generate(first, **kwargs)
+    # One graph serves every token: none added per position, no break.
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], list(counters["graph_break"])
+    np.testing.assert_array_equal(out, eager[0])
+    # Other prompts of the same shapes reuse it.
+    np.testing.assert_array_equal(model.generate(second, **kwargs), eager[1])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+def test_torch_decodes_eagerly_without_jit_compile(rng, backend):
+    """A model compiled without `jit_compile` (PyTorch's default) decodes
+    eagerly: nothing reaches `torch.compile`."""
+    if backend != "torch":
+        pytest.skip("torch.compile is PyTorch's compiler")
+    import torch
+    from torch._dynamo.utils import counters
+
+    model = _causal_lm("gpt2")
+    model.compile(jit_compile=False)
+    torch._dynamo.reset()
+    counters.clear()
+    model.generate(_prompts(model, rng, [4]), max_new_tokens=2)
+    assert counters["stats"]["unique_graphs"] == 0
