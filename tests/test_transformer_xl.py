@@ -239,6 +239,10 @@ def test_memory_batch_errors(rng):
         lm.fit(data, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="holds 2 rows"):
         lm(np.zeros((3, 4), "int32"))
+    lm.reset_memory(batch_size=3)  # new state variables; compiled steps retrace
+    lm.fit(data, epochs=1, verbose=0)
+    assert lm.backbone.segment_memory.states.shape == (2, 3, 6, 16)
+    assert len(lm.non_trainable_weights) == 2  # the old state is gone
     plain = GPTCausalLM(**{**TINY, "memory_length": 0})
     with pytest.raises(ValueError, match="no Transformer-XL memory"):
         plain.reset_memory(2)
@@ -256,6 +260,8 @@ def test_generation_attends_to_the_memory(rng):
     expected = joint.generate(prompts, max_new_tokens=5, stop_token_ids=None)
     np.testing.assert_array_equal(out, expected)
     assert lm.backbone.segment_memory.valid is not None  # memory was used
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        lm.generate(prompts, max_new_tokens=2, stop_strings=["x"])
 
 
 def test_save_load_keeps_the_knobs(tmp_path, rng):

@@ -119,7 +119,6 @@ class SegmentMemory(keras.layers.Layer):
         if self.states is not None:  # drop the old variables
             self._tracker.unlock()
             self._non_trainable_variables.clear()
-            self._tracker.lock()
         self.states = self.add_weight(
             shape=shape, initializer="zeros", trainable=False, name="states"
         )

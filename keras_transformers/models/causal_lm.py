@@ -51,9 +51,10 @@ class CausalLM(TaskModel):
         return loss
 
     def fit(self, x=None, y=None, batch_size=None, **kwargs):
-        """`keras.Model.fit`; with an allocated Transformer-XL memory, first
-        checks that every batch has its rows (see `reset_memory`)."""
-        check_memory_batches(self, x, batch_size)
+        """`keras.Model.fit`; with a Transformer-XL training memory, first
+        checks that its state is allocated and that every batch has its rows
+        (see `reset_memory`)."""
+        check_memory_batches(self, x, batch_size, training=True)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):

@@ -201,13 +201,16 @@ def forget_compiled(model):
     model.__dict__.pop("_generate_functions", None)
 
 
-def check_memory_batches(model, x, batch_size=None):
+def check_memory_batches(model, x, batch_size=None, training=False):
     """Before `fit` / `evaluate` / `predict` of a model whose memory is
     allocated: every batch must have the memory's rows (a compiled step may
     not see the batch size). Checks a `keras.utils.PyDataset`'s first and
-    last batch, and arrays against `batch_size`."""
+    last batch, and arrays against `batch_size`. With `training` (`fit`), a
+    model with a training memory must have its state allocated."""
     state = getattr(model.backbone, "segment_memory", None)
     if state is None or state.states is None:
+        if state is not None and training:
+            _state(model.backbone, True, None)  # raises: no state to train with
         return
     rows = []
     if isinstance(x, keras.utils.PyDataset) and len(x):
