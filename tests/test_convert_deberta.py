@@ -314,3 +314,22 @@ def test_disentangled_attention_layer_serializes():
     np.testing.assert_array_equal(revived.rows, layer.rows)
     assert layer.rows.shape == (31,) and layer.rows.min() >= 0
     assert layer.rows.max() < 2 * layer.span
+
+
+def test_long_inputs_match_with_published_buckets(tmp_path):
+    """DeBERTa-v3's 256 buckets up to distance 512 on a 300-token input
+    (distances past 128 in log buckets), one narrow layer."""
+    options = {**COMMON, **LAYOUTS["v3"], "position_buckets": 256}
+    options.update(max_relative_positions=-1, max_position_embeddings=512)
+    options.update(num_hidden_layers=1, hidden_size=16, intermediate_size=32)
+    config = transformers.DebertaV2Config(**options)
+    randomize(transformers.DebertaV2Model(config)).save_pretrained(tmp_path)
+    model = keras_transformers.from_preset(tmp_path)
+    assert model.config.disentangled.max_relative_positions == 512
+    ids, mask = padded_batch(VOCAB, length=300, real=200)
+    with torch.no_grad():
+        theirs = reference(tmp_path, transformers.AutoModel)(
+            input_ids=torch.tensor(ids).long(), attention_mask=torch.tensor(mask * 1)
+        ).last_hidden_state.numpy()
+    ours = model({"token_ids": ids, "padding_mask": mask})["sequence_output"]
+    record("deberta v3 300 tokens", keras.ops.convert_to_numpy(ours), theirs, mask)

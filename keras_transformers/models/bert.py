@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_transformers import backend
 from keras_transformers.layers.core import Dense
 from keras_transformers.layers.disentangled import DisentangledAttention
 from keras_transformers.layers.feed_forward import activation_fn
@@ -101,6 +102,7 @@ class BertBackbone(TextBackbone):
         else:  # each block with its own position terms
             attentions = [block.self_attention for block in self.blocks]
             biases = self.disentangled.biases(attentions, training=training)
+            padding_mask = backend.none_if_all_true(padding_mask)  # checked once
             for block, bias in zip(self.blocks, biases):
                 x = run_blocks(
                     [block], x, padding_mask, training=training, attention_bias=bias
