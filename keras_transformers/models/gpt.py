@@ -32,9 +32,16 @@ class GPTBackbone(TextBackbone):
         config: a `TransformerConfig` (or dict); keyword fields override it,
             so `GPTBackbone(vocabulary_size=..., num_layers=..., ...)` works too.
 
+    With `position_embedding="transformer_xl"` the blocks attend with
+    Transformer-XL's relative terms (one `TransformerXLBias` per block), and
+    once `reset_memory(batch_size)` has allocated the memory, each call
+    also attends to (and updates) the memory of earlier segments;
+    `call_with_memory` is the stateless form.
+
     Call arguments:
         inputs: `{"token_ids": [B, T] int, "padding_mask": [B, T] bool}` or
-            the `[B, T]` ids alone.
+            the `[B, T]` ids alone; with Transformer-XL memory, optionally
+            `"memory_reset": [B] bool` (True where a row starts a document).
         cache: KV cache for decoding (see `init_cache`).
         cache_index: position of the first token of `inputs` in the cache.
 
