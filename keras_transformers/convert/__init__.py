@@ -269,7 +269,8 @@ def export_hf(model, directory, model_type=None) -> None:
     `scale_embeddings`), learned-position ones as "gpt2"; `model_type`
     picks another GPT layout the config fits (e.g. "phi3", which a config
     cannot tell from "llama");
-    BERT-family models as "bert", or as `model_type` "roberta",
+    BERT-family models as "bert" ("deberta-v2" with
+    `position_embedding="disentangled"`), or as `model_type` "roberta",
     "xlm-roberta" or "camembert" (RoBERTa layout, see
     `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
     as "marian" (sinusoidal positions), "bart" (learned positions) or "t5"

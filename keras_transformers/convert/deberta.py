@@ -48,14 +48,17 @@ DEFAULTS = dict(  # `transformers.DebertaV2Config` defaults that differ from BER
     relative_attention=False,
 )
 REFUSED = {  # option -> (the value we convert, what other values mean, the fix)
-    "relative_attention": (True, "no disentangled attention", "a BERT checkpoint"),
+    "relative_attention": (
+        True,
+        "no relative positions",
+        "a checkpoint with disentangled attention, as every published DeBERTa-v2 / v3",
+    ),
     "position_biased_input": (
         False,
         "absolute position embeddings added to the input",
         "DeBERTa-v2 / v3 checkpoints, which have none",
     ),
     "conv_kernel_size": (0, "the v2-xlarge/xxlarge convolution layer", "v3 models"),
-    "z_steps": (0, "the enhanced mask decoder's extra steps", "z_steps=0"),
 }
 SELF = "attention.self."
 NAMES = (  # BERT name part -> DeBERTa's
@@ -114,16 +117,9 @@ def _as_bert(hf: dict) -> dict:
     hf = {**DEFAULTS, **hf}
     _check(hf)
     architectures = [BERT_CLASSES.get(a, a) for a in hf.get("architectures") or ()]
-    classifier = hf.get("cls_dropout")
-    return {
-        **hf,
-        "architectures": architectures,
-        "classifier_dropout": hf["hidden_dropout_prob"]
-        if classifier is None
-        else classifier,
-        "relative_attention": False,
-        "position_biased_input": False,
-    }
+    dropout = hf.get("cls_dropout")
+    dropout = hf.get("hidden_dropout_prob", 0.1) if dropout is None else dropout
+    return {**hf, "architectures": architectures, "classifier_dropout": dropout}
 
 
 @register_converter(MODEL_TYPE)
@@ -153,7 +149,7 @@ def config_from_hf(hf: dict) -> dict:
             attention_terms=_terms(hf),
             norm_relative_embeddings="layer_norm" in norm,
         ),
-        pooler="SequenceClassification" in str(hf.get("architectures")),
+        pooler="DebertaV2ForSequenceClassification" in (hf.get("architectures") or ()),
         pooler_activation=POOLER_ACTIVATIONS[hf.get("pooler_hidden_act", "gelu")],
         head_dim=int(head) if head else None,
     )
