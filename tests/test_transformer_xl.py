@@ -228,6 +228,23 @@ def test_fit_and_predict_over_consecutive_segments(rng):
     assert valid.shape == (1, 12) and valid.sum() == 12  # the state advanced
 
 
+def test_training_attends_to_the_last_training_memory_slots(rng):
+    """The state keeps `eval_memory_length` slots; training reads only the
+    last `memory_length` of them."""
+    lm = GPTCausalLM(**{**TINY, "eval_memory_length": 12})
+    ids = rng.integers(0, 40, (2, 18)).astype("int32")
+    lm.reset_memory(batch_size=2)
+    lm(ids[:, :6])
+    lm(ids[:, 6:12])
+    states = ops.convert_to_numpy(lm.backbone.segment_memory.states)
+    assert states.shape == (2, 2, 12, 16)
+    out = lm.backbone(ids[:, 12:], training=True)
+    expected, _, _ = lm.backbone.call_with_memory(ids[:, 12:], states[:, :, -6:])
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(out), ops.convert_to_numpy(expected), atol=2e-5
+    )
+
+
 def test_memory_batch_errors(rng):
     lm = GPTCausalLM(**TINY)
     lm.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(True))
