@@ -7,8 +7,8 @@ generation (and for later ones of the same shapes), no graph break. JAX
 and TensorFlow compile the whole decoding loop with XLA; their tokens are
 checked against greedy decoding by full forward passes without a cache.
 
-Compiling is slow on a small CPU: the PyTorch MoE case carries the `large`
-marker.
+Compiling is slow on a small CPU: the PyTorch rotary (Llama) case carries
+the `large` marker; GPT-2 and the sparse MoE (Mixtral) run everywhere.
 """
 
 import keras
@@ -96,7 +96,8 @@ def test_xla_seq2seq_generate_matches_full_forward(rng, backend):
 def _torch_families():
     return [
         pytest.param("gpt2"),
-        pytest.param("mixtral", marks=pytest.mark.large),
+        pytest.param("llama", marks=pytest.mark.large),
+        pytest.param("mixtral"),
     ]
 
 
@@ -112,6 +113,8 @@ def test_torch_compiled_decoding_step_matches_eager(family, rng, backend):
     second = _prompts(model, rng, [4, 6])
     kwargs = dict(max_new_tokens=NEW_TOKENS, stop_token_ids=None)
     eager = [model.generate(p, **kwargs) for p in (first, second)]
+    eager_stream, stream = [], []
+    model.generate(first, stream=eager_stream.append, **kwargs)
 
     model.compile(jit_compile=True)
     torch._dynamo.reset()
@@ -123,6 +126,9 @@ def test_torch_compiled_decoding_step_matches_eager(family, rng, backend):
     np.testing.assert_array_equal(out, eager[0])
     # Other prompts of the same shapes reuse it.
     np.testing.assert_array_equal(model.generate(second, **kwargs), eager[1])
+    # Streaming runs the same step a token at a time.
+    model.generate(first, stream=stream.append, **kwargs)
+    np.testing.assert_array_equal(np.stack(stream), np.stack(eager_stream))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["recompiles"], dict(counters["recompiles"])
 
