@@ -3,7 +3,7 @@
 # Python holds (the lent H100 had PyTorch and JAX, no TensorFlow).
 #
 #   bash scripts/device_check.sh tests   # both suites, in parallel workers
-#   bash scripts/device_check.sh bench   # benchmarks, one after another
+#   bash scripts/device_check.sh bench   # benchmarks/gpu.sh: bench.py, bf16
 #
 # Where that Python lacks Keras and KerasHub, put their wheels in .whl/
 # first (made on another machine with `pip download --no-deps
@@ -41,6 +41,7 @@ tests)
     for backend in ${BACKENDS:-torch jax}; do
         KERAS_BACKEND=$backend timeout "${TEST_TIMEOUT:-480}" python3 -m pytest \
             -v -p no:cacheprovider -n "${WORKERS:-6}" -m "not large" "${skip[@]}" \
+            --junitxml="$OUT/tests_$backend.xml" \
             ${TEST_ARGS:-} >"$OUT/tests_$backend.log" 2>&1 &
     done
     wait
@@ -52,16 +53,7 @@ tests)
     done
     ;;
 bench)
-    for backend in ${BACKENDS:-torch jax}; do
-        for script in ${SCRIPTS:-gpt mixtral bert}; do
-            echo "=== $backend $script"
-            KERAS_BACKEND=$backend timeout "${BENCH_TIMEOUT:-300}" python3 \
-                "benchmarks/bench_$script.py" --repeats "${REPEATS:-5}" \
-                --json "$OUT/${script}_$backend.json" ${BENCH_ARGS:-} \
-                >"$OUT/${script}_$backend.log" 2>&1
-            echo "rc=$?"
-            tail -22 "$OUT/${script}_$backend.log"
-        done
-    done
+    # bench.py's published rows in bfloat16, once per backend (benchmarks/gpu.sh).
+    exec bash benchmarks/gpu.sh
     ;;
 esac
