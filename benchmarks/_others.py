@@ -168,45 +168,33 @@ def hf_model(row, cfg):
             **ids,
         )
         return t.GPT2LMHeadModel(config)
+    # Llama and Mixtral share every field but the experts'.
+    llama = dict(
+        vocab_size=cfg.vocabulary_size,
+        hidden_size=d,
+        num_hidden_layers=n,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads or cfg.num_heads,
+        head_dim=head_dim(cfg),
+        max_position_embeddings=cfg.max_sequence_length,
+        rms_norm_eps=cfg.norm_epsilon,
+        rope_parameters=rope,
+        attention_dropout=0.0,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="sdpa",
+        **ids,
+    )
     if row.kind == "causal":
-        config = t.LlamaConfig(
-            vocab_size=cfg.vocabulary_size,
-            hidden_size=d,
-            intermediate_size=f,
-            num_hidden_layers=n,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads or cfg.num_heads,
-            head_dim=head_dim(cfg),
-            max_position_embeddings=cfg.max_sequence_length,
-            rms_norm_eps=cfg.norm_epsilon,
-            rope_parameters=rope,
-            attention_dropout=0.0,
-            tie_word_embeddings=cfg.tie_embeddings,
-            attn_implementation="sdpa",
-            **ids,
-        )
-        return t.LlamaForCausalLM(config)
+        return t.LlamaForCausalLM(t.LlamaConfig(intermediate_size=f, **llama))
     if row.kind == "moe":
         config = t.MixtralConfig(
-            vocab_size=cfg.vocabulary_size,
-            hidden_size=d,
             intermediate_size=cfg.moe.expert_intermediate_dim or f,
-            num_hidden_layers=n,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads or cfg.num_heads,
-            head_dim=head_dim(cfg),
-            max_position_embeddings=cfg.max_sequence_length,
-            rms_norm_eps=cfg.norm_epsilon,
-            rope_parameters=rope,
             sliding_window=None,
-            attention_dropout=0.0,
             num_local_experts=cfg.moe.num_experts,
             num_experts_per_tok=cfg.moe.num_experts_per_token,
             router_aux_loss_coef=cfg.moe.router_aux_loss_coef,
             router_jitter_noise=0.0,
-            tie_word_embeddings=cfg.tie_embeddings,
-            attn_implementation="sdpa",
-            **ids,
+            **llama,
         )
         return t.MixtralForCausalLM(config)
     if row.kind in ("mlm", "classify"):
