@@ -13,18 +13,7 @@
 # installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-device_out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX and PyTorch share the GPU
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source scripts/device_env.sh
 default="jax torch"
 python3 -c "import tensorflow" 2>/dev/null && default="jax tensorflow torch"
 for backend in ${BACKENDS:-$default}; do

@@ -13,19 +13,7 @@
 # $OUT (default ./device_out). See benchmarks/README.md, "On a GPU".
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-device_out}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several JAX processes share the GPU
-
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source scripts/device_env.sh
 python3 - <<'EOF'
 import importlib.metadata as m
 print({n: m.version(n) for n in ("keras", "keras-hub", "jax", "torch", "transformers")})
