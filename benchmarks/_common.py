@@ -177,6 +177,10 @@ def setup_torch(threads):
 
 
 # --------------------------------------------------------------- contenders
+class Skip(Exception):
+    """A contender that cannot run a row here (printed, not fatal)."""
+
+
 class Contender:
     """A name, a parameter count, and the callables the harness times."""
 

@@ -16,11 +16,7 @@ import resource
 import sys
 
 import numpy as np
-from _common import LEARNING_RATE, WEIGHT_DECAY, keras_loss, keras_optimizer
-
-
-class Skip(Exception):
-    """A contender that cannot run a row here (printed, not fatal)."""
+from _common import LEARNING_RATE, WEIGHT_DECAY, Skip, keras_loss, keras_optimizer
 
 
 class Env:

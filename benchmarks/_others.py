@@ -20,7 +20,7 @@ def kerashub_model(row, cfg, dtype):
     preprocessor, no metrics, greedy sampler for causal rows, `dtype` the
     Keras dtype policy."""
     import keras_hub
-    from _contenders import Skip
+    from _common import Skip
 
     m = keras_hub.models
     d, f, n = cfg.hidden_dim, cfg.intermediate_dim, cfg.num_layers

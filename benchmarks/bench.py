@@ -42,7 +42,8 @@ import _common  # noqa: E402
 import _generate  # noqa: E402
 import _report  # noqa: E402
 import _rows  # noqa: E402
-from _contenders import CONTENDERS, Env, Skip  # noqa: E402
+from _common import Skip  # noqa: E402
+from _contenders import CONTENDERS, Env  # noqa: E402
 
 
 def parse_args(argv=None):
