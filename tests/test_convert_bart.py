@@ -7,6 +7,7 @@ through `BartForConditionalGeneration` / `BartModel`; errors name the
 problem."""
 
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -224,20 +225,19 @@ def test_cached_decoding_equals_full_forward(hf_dirs):
 
 
 def _hf_generate(path, ids, **kwargs):
-    """`transformers`' greedy decoding of `ids` `[B, S]` (all real) from the
-    decoder start token, without forced tokens; drops the start token."""
+    """`transformers`' decoding of `ids` `[B, S]` (all real) from the decoder
+    start token with the directory's generation config (greedy unless
+    `kwargs` say otherwise; its `forced_eos_token_id`, no forced first token
+    unless given); drops the start token."""
     model = _load_hf(path, "BartForConditionalGeneration")
+    settings = dict(do_sample=False, num_beams=1, forced_bos_token_id=None)
     with torch.no_grad():
         out = model.generate(
             torch.tensor(ids, dtype=torch.long),
             attention_mask=torch.ones(np.shape(ids), dtype=torch.long),
-            do_sample=False,
-            num_beams=1,
             decoder_start_token_id=EOS,
-            forced_bos_token_id=None,
-            forced_eos_token_id=None,
             pad_token_id=PAD,
-            **kwargs,
+            **{**settings, **kwargs},
         )
     return out.numpy()[:, 1:]
 
@@ -257,6 +257,40 @@ def test_greedy_matches_transformers(hf_dirs, kind):
     out = lm.generate(text, max_new_tokens=8)
     assert isinstance(out, str) and out.strip()
     assert out == decoded
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_forced_first_and_last_tokens_match_transformers(hf_dirs, tmp_path, num_beams):
+    """A generation config with `forced_bos_token_id` (as bart-base and
+    bart-large ship) and `forced_eos_token_id`: the first generated token
+    is `<s>`, the last allowed one `</s>`, scored 0 in beam search."""
+    directory = tmp_path / "forced"
+    shutil.copytree(hf_dirs["lm"], directory)
+    path = directory / "generation_config.json"
+    generation = json.loads(path.read_text())
+    generation.update(forced_bos_token_id=BOS, forced_eos_token_id=EOS)
+    path.write_text(json.dumps(generation))
+    lm = keras_transformers.from_preset(directory)
+    prompt = _batch()[0][:1]
+    beams = dict(num_beams=num_beams, length_penalty=1.0, early_stopping=True)
+    expected = _hf_generate(
+        directory, prompt, max_new_tokens=6, forced_bos_token_id=BOS, **beams
+    )
+    ours = lm.generate(prompt, max_new_tokens=6, length_penalty_style="power", **beams)
+    np.testing.assert_array_equal(np.asarray(ours), expected)
+    assert expected[0, 0] == BOS
+    # Saved with the model: a preset round trip keeps the forced tokens.
+    lm.save_to_preset(tmp_path / "preset")
+    again = keras_transformers.from_preset(tmp_path / "preset")
+    assert again.generation_config.forced_bos_token_id == BOS
+    np.testing.assert_array_equal(
+        np.asarray(
+            again.generate(
+                prompt, max_new_tokens=6, length_penalty_style="power", **beams
+            )
+        ),
+        expected,
+    )
 
 
 def test_config_mapping(hf_dirs):

@@ -23,10 +23,11 @@ always set `logits_bias=True`.
 Special ids: `decoder_start_token_id` (2, the end token `</s>`) becomes
 `bos_token_id`, our decoder start; `pad_token_id` and `eos_token_id` keep
 their values; BART's own `bos_token_id` (`<s>`, which the tokenizer adds
-to sources) needs no config field. `forced_bos_token_id` and
-`forced_eos_token_id` are not applied by our `generate()`; the defaults of
-a `generation_config.json` (end ids, lengths, sampling) are read as for
-every checkpoint. Training-only options (`activation_dropout`,
+to sources) needs no config field. A `generation_config.json` is read as
+for every checkpoint (end ids, lengths, sampling), its
+`forced_bos_token_id` and `forced_eos_token_id` included: `generate()`
+makes `<s>` the first generated token and `</s>` the last allowed one, as
+transformers does. Training-only options (`activation_dropout`,
 `*_layerdrop`, `classifier_dropout`) are ignored; mBART-style pre-norm
 (`normalize_before`, `add_final_layer_norm`) and the other options of
 older BART configs we cannot reproduce raise a ValueError naming them.

@@ -64,12 +64,19 @@ class BeamSpec:
             normalised at its current length, cannot beat the worst
             finished one (a heuristic). "never": the same test, normalised
             at the maximum length when alpha > 0 (exact for alpha >= 0).
+        forced_bos_token_id: the first generated token of every hypothesis
+            (its log-probability counted as 0, as Hugging Face's
+            `ForcedBOSTokenLogitsProcessor`); None: none.
+        forced_eos_token_id: the token of every hypothesis that reaches the
+            last step (also scored 0); None: none.
     """
 
     num_beams: int
     length_penalty: float = 0.6
     style: str = "gnmt"
     early_stopping: bool | str = True
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.num_beams, int) or self.num_beams < 1:
@@ -162,6 +169,7 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
                 token, (self_cache, cross_cache), step, mask
             )  # [B * N, 1, V]
             log_probs = ops.log_softmax(ops.cast(logits[:, 0, :], "float32"), axis=-1)
+            log_probs = _forced(log_probs, spec, step, max_new_tokens)
             top_scores, parents, grown, ended = _expand(
                 sequences, scores, log_probs, step, max_new_tokens, stop, candidates
             )
@@ -190,6 +198,20 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
         return state[4][:3]
 
     return run
+
+
+def _forced(log_probs, spec, step, max_new_tokens):
+    """`log_probs [B * N, V]` with the forced first / last token: 0 for it,
+    `NEG` for every other token, at step 0 / the last step."""
+    for token, when in (
+        (spec.forced_bos_token_id, step == 0),
+        (spec.forced_eos_token_id, step + 1 >= max_new_tokens),
+    ):
+        if token is not None:
+            vocabulary = ops.arange(log_probs.shape[-1], dtype="int32")
+            forced = ops.where(vocabulary == token, 0.0, NEG)[None, :]
+            log_probs = ops.where(when, forced, log_probs)
+    return log_probs
 
 
 def _expand(sequences, scores, log_probs, step, max_new_tokens, stop, count):

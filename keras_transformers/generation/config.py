@@ -57,6 +57,10 @@ class GenerationConfig:
         temperature, top_k, top_p: the sampler's settings (`top_k` 0 and
             `top_p` 1.0 disable those filters, as in Hugging Face).
         repetition_penalty: > 1 discourages tokens already present.
+        forced_bos_token_id: encoder-decoder models: the first generated
+            token (BART: `<s>` after the decoder start `</s>`).
+        forced_eos_token_id: encoder-decoder models: the token forced at
+            the last position `max_new_tokens` allows.
     """
 
     eos_token_id: tuple[int, ...] | None = None
@@ -71,6 +75,8 @@ class GenerationConfig:
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "eos_token_id", _ids(self.eos_token_id))

@@ -32,6 +32,7 @@ from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.processors import (
     LogitsSettings,
+    force_token,
     initial_presence,
     process_logits,
     stop_mask,
@@ -77,6 +78,9 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
         logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
         logits = ops.cast(logits[:, 0, :], "float32")  # [B, V]
         logits = process_logits(logits, index, seen, min_limits, stop_vocab, settings)
+        if settings.forced_eos_token_id is not None:  # the last position
+            last = index + 1 >= limits
+            logits = force_token(logits, last, settings.forced_eos_token_id)
         uniform = ops.take(uniforms, index, axis=0) if spec.random else None  # [B]
         sampled = next_token(logits, uniform, spec)  # [B]
         in_prompt = _column(prompt_mask, index)  # [B]

@@ -10,7 +10,10 @@ through (in Hugging Face's order):
    state, set from the prompts before decoding and updated with each new
    token by a one-hot comparison: static shapes, `keras.ops` only.
 2. the minimum length (`MinNewTokensLengthLogitsProcessor`): the stop ids
-   get -inf while a row has produced fewer than `min_new_tokens` tokens.
+   get -inf while a row has produced fewer than `min_new_tokens` tokens;
+3. the forced last token (`ForcedEOSTokenLogitsProcessor`, encoder-decoder
+   models): at the last position a row may fill, every other token gets
+   -inf.
 
 Unlike Hugging Face, padding never counts as present: a batch of prompts of
 different lengths is penalised per row for its own tokens only.
@@ -34,10 +37,13 @@ class LogitsSettings:
         repetition_penalty: 1.0 disables it; > 1 discourages repeats.
         min_new_tokens: the stop ids are masked until a row has generated
             this many tokens (0 disables it).
+        forced_eos_token_id: the token produced at a row's last allowed
+            position (None disables it).
     """
 
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
+    forced_eos_token_id: int | None = None
 
     def __post_init__(self):
         # Plain Python numbers: the settings key the compiled loops.
@@ -45,8 +51,18 @@ class LogitsSettings:
             "repetition_penalty", self.repetition_penalty, 0, low_open=True
         )
         minimum = check_argument_int("min_new_tokens", self.min_new_tokens, 0)
+        forced = check_argument_int(
+            "forced_eos_token_id", self.forced_eos_token_id, 0, optional=True
+        )
         object.__setattr__(self, "repetition_penalty", penalty)
         object.__setattr__(self, "min_new_tokens", minimum)
+        object.__setattr__(self, "forced_eos_token_id", forced)
+
+    @property
+    def processes(self) -> bool:
+        """Whether a penalty or a minimum length changes the logits (the
+        processors beam search does not apply)."""
+        return self.repetition_penalty != 1.0 or self.min_new_tokens > 0
 
     @property
     def tracks_presence(self) -> bool:
@@ -89,6 +105,16 @@ def process_logits(logits, index, seen, min_limits, stop_mask, settings):
         masked = ops.logical_and(early, ops.expand_dims(stop_mask, 0))
         logits = ops.where(masked, float("-inf"), logits)
     return logits
+
+
+def force_token(logits, where, token_id):
+    """`logits [B, V]` with every id but `token_id` at -inf in the rows
+    where `where [B]` (or everywhere, a scalar) is True: that token is then
+    chosen whatever the sampler."""
+    vocabulary = ops.arange(logits.shape[-1], dtype="int32")
+    others = ops.not_equal(vocabulary, token_id)[None, :]  # [1, V]
+    where = ops.reshape(where, (-1, 1))  # [B, 1] or [1, 1]
+    return ops.where(ops.logical_and(where, others), float("-inf"), logits)
 
 
 def update_presence(seen, token, new, settings):

@@ -213,9 +213,12 @@ def generate(
     """
     defaults = generation_config(model)
     spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)
+    forced_bos = _forced(defaults.forced_bos_token_id, model.config)
+    forced_eos = _forced(defaults.forced_eos_token_id, model.config)
     settings = LogitsSettings(
         _pick(repetition_penalty, defaults.repetition_penalty, 1.0),
         _pick(min_new_tokens, defaults.min_new_tokens, 0),
+        forced_eos,
     )
     config = model.config
     if max_new_tokens is None:
@@ -229,7 +232,7 @@ def generate(
         config, max_new_tokens, num_beams, spec, return_all_beams
     )
     check_run_arguments(seed)
-    if (num_beams > 1 or return_all_beams) and settings != LogitsSettings():
+    if (num_beams > 1 or return_all_beams) and settings.processes:
         raise ValueError(
             "Beam search applies no logits processors: `repetition_penalty` and "
             "`min_new_tokens` need num_beams=1 (and return_all_beams=False)."
@@ -237,7 +240,12 @@ def generate(
     beam_spec = None
     if num_beams > 1 or return_all_beams:
         beam_spec = BeamSpec(
-            num_beams, length_penalty, length_penalty_style, early_stopping
+            num_beams,
+            length_penalty,
+            length_penalty_style,
+            early_stopping,
+            forced_bos,
+            forced_eos,
         )
     rows, was_text, single = _source_rows(model, inputs)
     _check_ids(rows, config, noun="source", arg="inputs")
@@ -257,7 +265,7 @@ def generate(
     length = _bucket(max_new_tokens + 1, config.max_sequence_length)
     common = (model, source_ids, source_mask, int(start), max_new_tokens)
     if beam_spec is None:
-        targets = _greedy(*common, (spec, settings), stop_ids, length, seed)
+        targets = _greedy(*common, (spec, settings), stop_ids, length, seed, forced_bos)
         return _to_output(model, targets, was_text, single)
     sequences, scores, lengths = beam_search(*common, beam_spec, stop_ids, length)
     if not return_all_beams:
@@ -275,9 +283,19 @@ def generate(
 
 
 def _greedy(
-    model, source_ids, source_mask, start, max_new, key, stop_ids, length, seed
+    model,
+    source_ids,
+    source_mask,
+    start,
+    max_new,
+    key,
+    stop_ids,
+    length,
+    seed,
+    forced_bos=None,
 ):
-    """The num_beams=1 loop; returns the generated id rows."""
+    """The num_beams=1 loop; returns the generated id rows. A forced first
+    token is fed as part of the decoder prompt and returned as generated."""
     spec, settings = key
     config = model.config
     batch, pad_id = source_ids.shape[0], config.pad_token_id
@@ -285,6 +303,8 @@ def _greedy(
     token_ids[:, 0] = start
     prompt_mask = np.zeros((batch, length), bool)
     prompt_mask[:, 0] = True
+    if forced_bos is not None:
+        token_ids[:, 1], prompt_mask[:, 1] = forced_bos, True
     limits = np.full((batch,), max_new + 1, "int32")
     min_limits = np.full((batch,), settings.min_new_tokens + 1, "int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
@@ -306,8 +326,22 @@ def _greedy(
         *args, consts, backend.loop_index(1), backend.loop_index(max_new + 1)
     )
     out_ids = np.asarray(ops.convert_to_numpy(out_ids))
-    generated = np.asarray(ops.convert_to_numpy(generated))
+    generated = np.array(ops.convert_to_numpy(generated))
+    generated[:, 1] |= forced_bos is not None
     return [row[g] for row, g in zip(out_ids, generated)]
+
+
+def _forced(token_id, config):
+    """A generation config's forced token id, checked against the vocabulary."""
+    if token_id is None:
+        return None
+    if not 0 <= token_id < config.vocabulary_size:
+        raise ValueError(
+            f"The generation config forces token id {token_id}, outside the "
+            f"vocabulary [0, {config.vocabulary_size}). Fix forced_bos_token_id / "
+            "forced_eos_token_id in generation_config.json, or set them to None."
+        )
+    return int(token_id)
 
 
 def _to_output(model, rows, was_text, single):
