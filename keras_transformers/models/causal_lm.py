@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from keras_transformers.backend import call_layer
 from keras_transformers.models.base import TaskModel
-from keras_transformers.models.transformer_xl import (
-    check_memory_batches,
-    forget_compiled,
-)
 from keras_transformers.training.router import RouterMetrics, moe_layers
 
 
@@ -50,18 +46,6 @@ class CausalLM(TaskModel):
             self._router.update()
         return loss
 
-    def fit(self, x=None, y=None, batch_size=None, **kwargs):
-        """`keras.Model.fit`; with a Transformer-XL training memory, first
-        checks that its state is allocated and that every batch has its rows
-        (see `reset_memory`)."""
-        check_memory_batches(self, x, batch_size, training=True)
-        return super().fit(x, y, batch_size=batch_size, **kwargs)
-
-    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
-        """`keras.Model.evaluate`, with the memory check of `fit`."""
-        check_memory_batches(self, x, batch_size)
-        return super().evaluate(x, y, batch_size=batch_size, **kwargs)
-
     def call(self, inputs, training=None):
         return self.backbone.logits(self.backbone(inputs, training=training))
 
@@ -83,19 +67,7 @@ class CausalLM(TaskModel):
         """
         from keras_transformers.generation import generate
 
-        if getattr(self.backbone, "segment_memory", None) is not None:
-            from keras_transformers.models.xl_generate import generate_with_memory
-
-            return generate_with_memory(self, prompts, **kwargs)
         return generate(self, prompts, **kwargs)
-
-    def reset_memory(self, batch_size=None):
-        """The backbone's Transformer-XL `reset_memory` (see `GPTBackbone`)."""
-        if batch_size is not None and batch_size != getattr(
-            self.backbone.segment_memory, "batch_size", None
-        ):
-            forget_compiled(self)
-        self.backbone.reset_memory(batch_size)
 
     def chat(self, messages, **kwargs):
         """Answers a conversation with the tokenizer's chat template and

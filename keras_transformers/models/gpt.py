@@ -15,6 +15,8 @@ from keras_transformers.models.base import (
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.text import TextBackbone
 from keras_transformers.models.transformer_xl import (
+    check_memory_batches,
+    forget_compiled,
     make_xl_layers,
     reset_xl_memory,
     xl_call,
@@ -133,3 +135,35 @@ class GPTCausalLM(CausalLM):
     """
 
     backbone_cls = GPTBackbone
+
+    # Transformer-XL memory (`position_embedding="transformer_xl"`): the
+    # memory checks of fit / evaluate, generation through the memory, and
+    # `reset_memory`. Without memory these are `CausalLM`'s.
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+        """`keras.Model.fit`; with a Transformer-XL training memory, first
+        checks that its state is allocated and that every batch has its rows
+        (see `reset_memory`)."""
+        check_memory_batches(self, x, batch_size, training=True)
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
+        """`keras.Model.evaluate`, with the memory check of `fit`."""
+        check_memory_batches(self, x, batch_size)
+        return super().evaluate(x, y, batch_size=batch_size, **kwargs)
+
+    def generate(self, prompts, **kwargs):
+        """`CausalLM.generate`; with Transformer-XL memory, a long prompt is
+        read into the memory segment by segment first (`xl_generate`)."""
+        if self.backbone.segment_memory is not None:
+            from keras_transformers.models.xl_generate import generate_with_memory
+
+            return generate_with_memory(self, prompts, **kwargs)
+        return super().generate(prompts, **kwargs)
+
+    def reset_memory(self, batch_size=None):
+        """The backbone's Transformer-XL `reset_memory` (see `GPTBackbone`)."""
+        if batch_size is not None and batch_size != getattr(
+            self.backbone.segment_memory, "batch_size", None
+        ):
+            forget_compiled(self)
+        self.backbone.reset_memory(batch_size)
