@@ -157,7 +157,8 @@ class TransformerConfig(_Group):
         sliding_window: attend to at most this many previous tokens; None = all.
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
-        initializer_range: std of the truncated-normal weight initializer.
+        initializer_range: std of the truncated-normal weight initializer (a
+            tied table with `scale_logits` is drawn with std 1, as T5 does).
         remat: rematerialise each block in training: store its input only and
             recompute the rest in the backward pass (less memory, more compute).
         pad_token_id: id used to pad sequences.

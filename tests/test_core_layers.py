@@ -100,14 +100,16 @@ def test_contracted_axes_recognises_flattened_products():
 @pytest.mark.parametrize("contracted", [1, 2])
 def test_linear_fast_path_is_the_flattened_product(contracted, rng):
     """`backend.linear` is one fused product on PyTorch and a 2-D product on
-    XLA:CPU (no transposed copies in its gradient), with Keras' numbers;
-    elsewhere it declines (None) and callers use Keras' ops."""
+    XLA:CPU and TensorFlow (no transposed copies in its gradient), with
+    Keras' numbers; elsewhere it declines (None) and callers use Keras' ops."""
     x = rng.normal(size=(2, 5, 3, 4)[: 2 + contracted]).astype("float32")
     inner = x.shape[2:]
     kernel = rng.normal(size=(*inner, 2, 6)).astype("float32")
     bias = rng.normal(size=(2, 6)).astype("float32")
     out = backend.linear(keras.ops.convert_to_tensor(x), kernel, bias, contracted)
-    expected_to_apply = keras.config.backend() == "torch" or backend.xla_cpu()
+    expected_to_apply = (
+        keras.config.backend() in ("torch", "tensorflow") or backend.xla_cpu()
+    )
     assert (out is not None) == expected_to_apply
     if out is not None:
         flat = x.reshape(2, 5, -1) @ kernel.reshape(-1, 12) + bias.reshape(-1)

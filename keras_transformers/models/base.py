@@ -71,6 +71,18 @@ def initializer(config: TransformerConfig):
     return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
 
 
+def token_initializer(config: TransformerConfig):
+    """The token embedding's initializer: `initializer`, except for a tied
+    table whose output is scaled by `hidden_dim**-0.5` (`scale_logits`,
+    T5 v1.0), drawn with std 1 as T5 does, so that the first logits have
+    unit scale instead of `initializer_range`'s (which would leave a model
+    trained from scratch with near-uniform predictions for thousands of
+    steps)."""
+    if config.scale_logits and config.tie_embeddings:
+        return keras.initializers.TruncatedNormal(stddev=1.0)
+    return initializer(config)
+
+
 def check_token_ids(
     token_ids,
     config: TransformerConfig,

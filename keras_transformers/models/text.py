@@ -19,6 +19,7 @@ from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.models.base import (
     ConfiguredModel,
     initializer,
+    token_initializer,
     make_blocks,
     resolve_config,
 )
@@ -65,7 +66,7 @@ class TextBackbone(ConfiguredModel):
             d,
             tie_weights=c.tie_embeddings,
             scale=math.sqrt(d) if c.scale_embeddings else 1.0,
-            embeddings_initializer=initializer(c),
+            embeddings_initializer=token_initializer(c),
             dtype=dtype,
             name="token_embedding",
         )
