@@ -7,7 +7,9 @@ encoder runs once and the cross-attention keys/values are projected once
 per step from the self-attention KV cache, starting from the start token.
 Shapes are static, so XLA compiles one program per (source, target) bucket
 pair on JAX and TensorFlow; PyTorch runs the same loop eagerly without
-autograd.
+autograd, or, for a model compiled with `jit_compile=True`, greedy decoding
+and sampling as one `torch.compile`d step per token (beam search stays
+eager).
 
 Shape letters: B batch, S source length, L target buffer length (start
 token included), N beams.
@@ -23,12 +25,14 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers._validation import check_argument_choice, check_argument_int
+from keras_transformers.backend.compiled import compile_step, compiled_decoding
 from keras_transformers.generation.beam_search import BeamSpec, beam_search
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.generate import (
     BUCKET,
     _check_ids,
     _compiled,
+    _loop_index,
     _pick,
     _prompt_rows,
     _step_fn,
@@ -70,17 +74,23 @@ def _source_rows(model, inputs):
 def _greedy_fn(model, spec, stop_ids, pad_id, settings):
     """`(source_ids [B, S], source_mask [B, S], token_ids [B, L], ...) ->
     (token_ids [B, L], generated [B, L])`, the loop of `generate.py` fed by
-    the encoder-decoder cache."""
+    the encoder-decoder cache. The loop's cache is `(decoder cache,
+    source_mask)`, so that one step function (on PyTorch with
+    `jit_compile=True`, one `torch.compile`d step) serves every call."""
+
+    def call(ids, cache, index):
+        inner, source_mask = cache
+        logits, inner = model.call_with_cache(ids, inner, index, source_mask)
+        return logits, (inner, source_mask)
+
+    step = _step_fn(model, spec, stop_ids, pad_id, call, settings)
+    if compiled_decoding(model):
+        step = compile_step(step)
 
     def run(source_ids, source_mask, token_ids, seen, consts, start, end):
         encoded = model.backbone.encode(source_ids, source_mask)  # [B, S, D]
         cache = model.backbone.init_cache(encoded, token_ids.shape[1])
-
-        def call(ids, cache, index):
-            return model.call_with_cache(ids, cache, index, source_mask)
-
-        step = _step_fn(model, spec, stop_ids, pad_id, call, settings)
-        state = initial_state(start, token_ids, cache, seen)
+        state = initial_state(start, token_ids, (cache, source_mask), seen)
         state = decode_loop(step, state, consts, end)
         return state[1], state[4]
 
@@ -323,7 +333,7 @@ def _greedy(
         ops.convert_to_tensor(a) for a in (source_ids, source_mask, token_ids, seen)
     ]
     out_ids, generated = fn(
-        *args, consts, backend.loop_index(1), backend.loop_index(max_new + 1)
+        *args, consts, _loop_index(model, 1), backend.loop_index(max_new + 1)
     )
     out_ids = np.asarray(ops.convert_to_numpy(out_ids))
     generated = np.array(ops.convert_to_numpy(generated))
