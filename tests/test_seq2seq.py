@@ -226,3 +226,19 @@ def test_config_errors():
         Seq2SeqLM.from_preset("transformer_tiny", vocabulary_size=0)
     with pytest.raises(ValueError, match="num_decoder_layers"):
         Seq2SeqLM.from_preset("transformer_tiny", num_decoder_layers=0)
+
+
+def test_t5_tied_table_is_initialised_with_unit_std():
+    """T5 v1.0 scales its tied output by hidden_dim**-0.5, so its table is
+    drawn with std 1 (truncated at 2 std: about 0.88); other tables keep
+    `initializer_range` (here the 2017 Transformer's, also tied)."""
+    dims = dict(num_layers=1, hidden_dim=64, num_heads=2, head_dim=32)
+    dims.update(intermediate_dim=64, vocabulary_size=2000)
+    t5 = Seq2SeqBackbone.from_preset("t5_small", **dims)
+    base = Seq2SeqBackbone.from_preset("transformer_tiny", **dims)
+    t5_std = float(np.std(keras.ops.convert_to_numpy(t5.token_embedding.embeddings)))
+    base_std = float(
+        np.std(keras.ops.convert_to_numpy(base.token_embedding.embeddings))
+    )
+    assert 0.8 < t5_std < 0.95, t5_std
+    assert base_std < 0.05 * t5_std, base_std
