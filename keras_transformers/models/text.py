@@ -19,9 +19,9 @@ from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.models.base import (
     ConfiguredModel,
     initializer,
-    token_initializer,
     make_blocks,
     resolve_config,
+    token_initializer,
 )
 
 
