@@ -19,7 +19,8 @@ generated in code instead (English number words -> digits), no package needed.
 `--architecture t5` trains T5's architecture instead (pre-norm RMS layers,
 bucketed relative position bias, no biases, ReLU feed-forward, output scaled
 by d**-0.5) at the same widths, text-to-text: every source starts with
-"translate English to French: ". `--span-corruption-epochs N` first
+"translate English to French: "; it trains with T5's optimizer, Adafactor
+(`--optimizer adam` for the paper's). `--span-corruption-epochs N` first
 pretrains it for N epochs on T5's span-corruption task (both languages'
 training text, `keras_transformers.data.span_corruption`), with 100
 sentinel ids set aside above the vocabulary.
@@ -63,6 +64,11 @@ parser.add_argument("--batch-size", type=int, default=64, help="sentence pairs")
 parser.add_argument("--epochs", type=int, default=8)
 parser.add_argument("--steps-per-epoch", type=int, default=150)
 parser.add_argument("--warmup-steps", type=int, default=800)
+parser.add_argument(
+    "--optimizer",
+    choices=("adam", "adafactor"),
+    help="default: adam (the 2017 paper's), adafactor for T5 (T5's)",
+)
 parser.add_argument(
     "--average", type=int, default=3, help="average the last N epochs (0: off)"
 )
@@ -148,9 +154,15 @@ print(f"Seq2SeqLM: {lm.count_params():,} parameters; backend {keras.config.backe
 # 5. The paper's optimizer and loss: Adam (0.9, 0.98, 1e-9), learning rate
 #    d**-0.5 * min(step**-0.5, step * warmup**-1.5); label smoothing 0.1,
 #    padding ignored.
+#    T5 trains with Adafactor instead: steps relative to each weight's
+#    scale (its embedding table has std 1, its kernels 0.02), at T5's
+#    pretraining rate min(0.01, step**-0.5).
 pad = tokenizer.pad_token_id
+optimizer = args.optimizer or ("adafactor" if args.architecture == "t5" else "adam")
 lm.compile(
-    optimizer=transformer_adam(args.hidden_dim, warmup_steps=args.warmup_steps),
+    optimizer=keras.optimizers.Adafactor(learning_rate=0.01)
+    if optimizer == "adafactor"
+    else transformer_adam(args.hidden_dim, warmup_steps=args.warmup_steps),
     loss=MaskedSparseCategoricalCrossentropy(ignore_class=pad, label_smoothing=0.1),
     metrics=[MaskedAccuracy(ignore_class=pad, name="accuracy")],
 )
