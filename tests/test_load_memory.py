@@ -178,3 +178,21 @@ def test_bfloat16_checkpoint_loads_into_any_dtype(tmp_path, dtype):
     table = tensors["model.embed_tokens.weight"].astype("float32")
     got = keras.ops.convert_to_numpy(keras.ops.cast(embeddings, "float32"))
     np.testing.assert_array_equal(got, table)
+
+
+@pytest.mark.parametrize("source_dtype", ["float32", "bfloat16"])
+def test_large_transposed_matrix_loads_into_a_reshaped_kernel(source_dtype):
+    """A checkpoint's `[out, in]` matrix large enough for the compiled
+    transpose (JAX) or TensorFlow's reaches a `[in, heads, head_dim]`
+    kernel transposed, reshaped and cast exactly."""
+    from keras_transformers.backend.loading import _XLA_TRANSPOSE_SIZE, assign_array
+
+    rows, cols = 2048, _XLA_TRANSPOSE_SIZE // 2048  # [out, in]
+    matrix = np.random.default_rng(0).standard_normal((rows, cols), dtype="float32")
+    matrix = matrix.astype(
+        ml_dtypes.bfloat16 if source_dtype == "bfloat16" else "float32"
+    )
+    variable = keras.Variable(np.zeros((cols, 16, rows // 16), "float32"))
+    assign_array(variable, matrix.T)
+    expected = matrix.astype("float32").T.reshape(cols, 16, rows // 16)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected)

@@ -34,6 +34,9 @@ def _jax_unsharded() -> bool:
     return keras.config.backend() == "jax" and not keras.distribution.distribution()
 
 
+_XLA_TRANSPOSE_SIZE = 1 << 21  # elements: 8 MiB of float32
+
+
 @functools.cache
 def _jax_transpose(dtype: str, shape: tuple):
     """A compiled `[out, in]` -> `[in, out]` transpose, cast to `dtype`
@@ -172,10 +175,11 @@ def assign_array(variable, value: np.ndarray) -> None:
             variable.value.view(value.shape).copy_(source)
         return
     transposed = value.ndim == 2 and value.T.flags.c_contiguous
-    if _jax_unsharded() and transposed and min(value.shape) > 1:
-        # XLA's transpose (about twice NumPy's tiles on CPU; on a GPU the
-        # file's layout is sent as is and transposed there). On CPU JAX
-        # reads an aligned `value.T` in place: one copy in all.
+    if _jax_unsharded() and transposed and value.size >= _XLA_TRANSPOSE_SIZE:
+        # XLA's transpose: about twice NumPy's tiles on CPU, for a
+        # compilation per shape (~0.1 s), so for large matrices only; on a
+        # GPU the file's layout is sent as is and transposed there. On CPU
+        # JAX reads an aligned `value.T` in place: one copy in all.
         import jax
 
         matrix = jax.device_put(value.T)
