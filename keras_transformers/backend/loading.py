@@ -154,8 +154,9 @@ def assign_array(variable, value: np.ndarray) -> None:
     copy-on-write file mapping, see `shares_file`) becomes the variable's
     storage without a copy; otherwise one copy, straight into the
     variable's storage. TensorFlow: a transposed matrix goes through
-    TensorFlow's transpose; JAX (without a distribution): through a
-    compiled XLA transpose. Anything else is copied into a fresh
+    TensorFlow's transpose; on JAX (without a distribution) a transposed
+    matrix of `_XLA_TRANSPOSE_SIZE` elements or more through a compiled XLA
+    transpose. Anything else is copied into a fresh
     `_host_array` given to `variable.assign` (JAX on CPU adopts it as the
     variable's value). On JAX and TensorFlow the variable owns its memory.
     """
