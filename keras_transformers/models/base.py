@@ -72,12 +72,9 @@ def initializer(config: TransformerConfig):
 
 
 def token_initializer(config: TransformerConfig):
-    """The token embedding's initializer: `initializer`, except for a tied
-    table whose output is scaled by `hidden_dim**-0.5` (`scale_logits`,
-    T5 v1.0), drawn with std 1 as T5 does, so that the first logits have
-    unit scale instead of `initializer_range`'s (which would leave a model
-    trained from scratch with near-uniform predictions for thousands of
-    steps)."""
+    """`initializer`, but std 1 (T5's) for a tied table whose output is
+    scaled by `hidden_dim**-0.5` (`scale_logits`): first logits of unit
+    scale, not of `initializer_range`'s (near-uniform for many steps)."""
     if config.scale_logits and config.tie_embeddings:
         return keras.initializers.TruncatedNormal(stddev=1.0)
     return initializer(config)
