@@ -299,8 +299,8 @@ def linear(x, kernel, bias, contracted):
     PyTorch `linear` (the bias added inside the matrix product) over the
     flattened `C` and `O` axes; on XLA:CPU and TensorFlow as one 2-D
     product `[N, C] @ [C, O]` with `N` the flattened leading axes (see
-    `_flat_linear`). None
-    where that does not apply (other backends, or operands of different
+    `_flat_linear`). None where that does not apply (JAX off the CPU, or
+    operands of different
     dtypes, whose promotion the caller's Keras op handles): the caller then
     computes it with Keras ops."""
     if xla_cpu() or keras.config.backend() == "tensorflow":
@@ -324,7 +324,7 @@ def linear(x, kernel, bias, contracted):
 
 
 def _flat_linear(x, kernel, bias, contracted):
-    """`linear` on XLA:CPU. Given a 3-D `[B, T, C] x [C, O]` product,
+    """`linear` on XLA:CPU and TensorFlow. Given a 3-D `[B, T, C] x [C, O]` product,
     XLA:CPU computes the kernel's gradient from a transposed copy of the
     `[B, T, O]` output gradient, with the elementwise backward that produces
     it (SiLU's, log-softmax's) fused into that strided copy: a SwiGLU
