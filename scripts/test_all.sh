@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the package with its test extras, then runs the whole test suite
 # once per Keras backend (each in its own processes). Tests marked `large`
-# run once, on JAX. Exits non-zero if any backend fails or runs no test
+# run once, on JAX. Test files are spread over every core (pytest-xdist,
+# one worker per core; each file's tests stay in one worker). Exits non-zero if any backend fails or runs no test
 # (pytest's exit code 5, "no tests ran", counts as a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,8 @@ for backend in jax tensorflow torch; do
     marker=()
     [ "$backend" = jax ] || marker=(-m "not large")
     echo "=== KERAS_BACKEND=${backend} ==="
-    KERAS_BACKEND=${backend} python -m pytest -q -p no:cacheprovider "${marker[@]}" "$@"
+    KERAS_BACKEND=${backend} python -m pytest -q -p no:cacheprovider \
+        -n auto --dist loadfile "${marker[@]}" "$@"
     rc=$?
     if [ "$rc" -ne 0 ]; then
         [ "$rc" -eq 5 ] && why="no test ran" || why="failures"
