@@ -13,7 +13,9 @@ the self-attention KV cache by their parent beams with `ops.take`), and
 offers those of the best `N` that did stop to a fixed-size set of `N`
 finished hypotheses, scored `sum(log p) / length_penalty(length)`. Every
 shape is static, so JAX and TensorFlow compile the whole search as one
-`ops.while_loop`; PyTorch runs it eagerly without autograd.
+`ops.while_loop`; PyTorch runs the loop in Python without autograd, each
+step one `torch.compile`d program for a model compiled with
+`jit_compile=True`.
 
 The candidate, finishing and early-stopping rules are those of Hugging Face
 `transformers` (`GenerationMixin._beam_search`): with `style="power"` the
@@ -41,7 +43,8 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers._validation import check_argument_number
-from keras_transformers.generation.generate import _compiled
+from keras_transformers.backend.compiled import compile_step, compiled_decoding
+from keras_transformers.generation.generate import _column, _compiled, _loop_index
 
 PENALTY_STYLES = ("gnmt", "power")
 EARLY_STOPPING = (True, False, "never")
@@ -114,6 +117,57 @@ def _gather(x, index):
     return ops.take(flat, ops.cast(index, "int32") + offsets, axis=0)
 
 
+def _step_fn(model, spec: BeamSpec, stop, candidates):
+    """One search step: `(step [], sequences [B, N, L], scores [B, N],
+    self_cache, cross_cache, mask [B * N, S], finished, is_open [B],
+    max_new_tokens []) -> (step + 1, sequences, scores, self_cache,
+    finished, is_open)`. Every input is a tensor, so one compiled step
+    (PyTorch with `jit_compile=True`) serves every token and every call."""
+    beams = spec.num_beams
+
+    def step_fn(
+        step,
+        sequences,
+        scores,
+        self_cache,
+        cross_cache,
+        mask,
+        finished,
+        is_open,
+        max_new_tokens,
+    ):
+        batch, _, length = sequences.shape
+        flat = ops.reshape(sequences, (batch * beams, length))
+        token = _column(flat, step)[:, None]  # [B * N, 1]
+        logits, (self_cache, _) = model.call_with_cache(
+            token, (self_cache, cross_cache), step, mask
+        )  # [B * N, 1, V]
+        log_probs = ops.log_softmax(ops.cast(logits[:, 0, :], "float32"), axis=-1)
+        log_probs = _forced(log_probs, spec, step, max_new_tokens)
+        top_scores, parents, grown, ended = _expand(
+            sequences, scores, log_probs, step, max_new_tokens, stop, candidates
+        )
+        # The N best candidates that did not stop continue.
+        live_scores = ops.where(ended, top_scores + NEG, top_scores)
+        scores, chosen = ops.top_k(live_scores, beams)  # [B, N]
+        sequences = _gather(grown, chosen)
+        origin = ops.take_along_axis(parents, ops.cast(chosen, "int32"), axis=1)
+        rows = ops.reshape(
+            origin + ops.arange(batch, dtype="int32")[:, None] * beams, (-1,)
+        )  # [B * N] parent rows of the flattened batch
+        self_cache = tuple(
+            (ops.take(k, rows, axis=0), ops.take(v, rows, axis=0))
+            for k, v in self_cache
+        )
+        finished = _offer_finished(
+            spec, finished, is_open, grown, top_scores, ended, step + 1
+        )
+        is_open = _still_open(spec, is_open, scores, finished, step + 1, max_new_tokens)
+        return step + 1, sequences, scores, self_cache, finished, is_open
+
+    return compile_step(step_fn) if compiled_decoding(model) else step_fn
+
+
 def _search_fn(model, spec: BeamSpec, stop_ids):
     """The compiled search: `(source_ids [B, S], source_mask [B, S],
     sequences [B, N, L], max_new_tokens []) -> (sequences [B, N, L],
@@ -122,11 +176,11 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
     stop = (
         None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
     )
+    # Enough candidates that N of them go on even if N others just ended.
+    step_fn = _step_fn(model, spec, stop, max(2, 1 + len(stop_ids)) * beams)
 
     def run(source_ids, source_mask, sequences, max_new_tokens):
         batch, _, length = sequences.shape
-        # Enough candidates that N of them go on even if N others just ended.
-        candidates = max(2, 1 + len(stop_ids)) * beams
         encoded = model.backbone.encode(source_ids, source_mask)  # [B, S, D]
         self_cache, cross_cache = model.backbone.init_cache(encoded, length)
 
@@ -147,7 +201,7 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
             np.array([[0.0] + [NEG] * (beams - 1)] * batch, "float32")
         )  # [B, N]
         finished = (
-            sequences,  # [B, N, L]
+            ops.copy(sequences),  # [B, N, L] (not aliased: a compile guard)
             ops.full((batch, beams), NEG, "float32"),  # scores
             ops.zeros((batch, beams), "int32"),  # generated lengths
             ops.zeros((batch, beams), "bool"),  # slot holds a finished hypothesis
@@ -163,37 +217,19 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
             return keep_going
 
         def body(step, sequences, scores, self_cache, finished, is_open):
-            flat = ops.reshape(sequences, (batch * beams, length))
-            token = ops.slice(flat, (0, step), (batch * beams, 1))  # [B * N, 1]
-            logits, (self_cache, _) = model.call_with_cache(
-                token, (self_cache, cross_cache), step, mask
-            )  # [B * N, 1, V]
-            log_probs = ops.log_softmax(ops.cast(logits[:, 0, :], "float32"), axis=-1)
-            log_probs = _forced(log_probs, spec, step, max_new_tokens)
-            top_scores, parents, grown, ended = _expand(
-                sequences, scores, log_probs, step, max_new_tokens, stop, candidates
+            return step_fn(
+                step,
+                sequences,
+                scores,
+                self_cache,
+                cross_cache,
+                mask,
+                finished,
+                is_open,
+                max_new_tokens,
             )
-            # The N best candidates that did not stop continue.
-            live_scores = ops.where(ended, top_scores + NEG, top_scores)
-            scores, chosen = ops.top_k(live_scores, beams)  # [B, N]
-            sequences = _gather(grown, chosen)
-            origin = ops.take_along_axis(parents, ops.cast(chosen, "int32"), axis=1)
-            rows = ops.reshape(
-                origin + ops.arange(batch, dtype="int32")[:, None] * beams, (-1,)
-            )  # [B * N] parent rows of the flattened batch
-            self_cache = tuple(
-                (ops.take(k, rows, axis=0), ops.take(v, rows, axis=0))
-                for k, v in self_cache
-            )
-            finished = _offer_finished(
-                spec, finished, is_open, grown, top_scores, ended, step + 1
-            )
-            is_open = _still_open(
-                spec, is_open, scores, finished, step + 1, max_new_tokens
-            )
-            return step + 1, sequences, scores, self_cache, finished, is_open
 
-        state = (backend.loop_index(0), sequences, scores, self_cache)
+        state = (_loop_index(model, 0), sequences, scores, self_cache)
         state = backend.while_loop(cond, body, state + (finished, is_open))
         return state[4][:3]
 
@@ -283,7 +319,8 @@ def _still_open(spec, is_open, scores, finished, new_length, max_new_tokens):
     else:
         best_length = new_length
     best_possible = scores[:, :1] / spec.penalty(best_length)  # [B, 1]
-    worst = ops.min(finished_scores, axis=1, keepdims=True)
+    # `amin`: Keras' PyTorch `min` breaks a `torch.compile` graph.
+    worst = ops.amin(finished_scores, axis=1, keepdims=True)
     worst = ops.where(flags, worst, NEG)  # [B, N]
     return ops.logical_and(is_open, ops.any(best_possible > worst, axis=1))
 
@@ -333,6 +370,6 @@ def beam_search(
         ops.convert_to_tensor(source_ids, "int32"),
         ops.convert_to_tensor(source_mask, "bool"),
         ops.convert_to_tensor(sequences),
-        backend.loop_index(max_new_tokens),
+        _loop_index(model, max_new_tokens),
     )
     return tuple(np.asarray(ops.convert_to_numpy(x)) for x in out)

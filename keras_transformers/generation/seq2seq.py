@@ -7,9 +7,9 @@ encoder runs once and the cross-attention keys/values are projected once
 per step from the self-attention KV cache, starting from the start token.
 Shapes are static, so XLA compiles one program per (source, target) bucket
 pair on JAX and TensorFlow; PyTorch runs the same loop eagerly without
-autograd, or, for a model compiled with `jit_compile=True`, greedy decoding
-and sampling as one `torch.compile`d step per token (beam search stays
-eager).
+autograd, or, for a model compiled with `jit_compile=True`, as one
+`torch.compile`d step per token (greedy decoding, sampling and beam
+search).
 
 Shape letters: B batch, S source length, L target buffer length (start
 token included), N beams.
