@@ -36,6 +36,9 @@ import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import _common  # noqa: E402
@@ -73,6 +76,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--peak-size", type=int, help="matmul size of the peak measurement")
     p.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
+    p.add_argument(
+        "--row-processes",
+        action="store_true",
+        help="run each row in a fresh process (rows of large models, e.g. the MoE "
+        "rows' three models with their optimizer states, then never share one "
+        "process's memory)",
+    )
     p.add_argument("--keras-adamw", action="store_true", help="keras.optimizers.AdamW")
     p.add_argument(
         "--keras-loss",
@@ -204,6 +214,7 @@ def bench_row(row, args, env, peak):
         "kind": row.kind,
         "size": row.size,
         "batch": row.batch,
+        "process": os.getpid(),
         "seq": row.seq,
         "target": row.target,
         "note": row.note,
@@ -275,6 +286,32 @@ def record_train(contenders, out, args, env, flops, peak, row):
             r["train_peak_fraction"] = flops / s / 1e12 / peak["tflops"]
 
 
+def row_in_process(row, argv):
+    """`bench_row` for one row in a fresh process with the same options;
+    its output streams through, its result comes back by a JSON file."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--rows", "--json"):  # drop these flags and their values
+        while flag in argv:
+            i = argv.index(flag)
+            del argv[i : i + 2]
+        argv = [a for a in argv if not a.startswith(flag + "=")]
+    argv = [a for a in argv if a != "--row-processes"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--rows", row.name]
+        proc = subprocess.run([*cmd, "--json", out], check=False)
+        if proc.returncode != 0 or not os.path.exists(out):
+            return {
+                "kind": row.kind,
+                "size": row.size,
+                "batch": row.batch,
+                "contenders": {},
+                "error": f"row process exited {proc.returncode}",
+            }
+        with open(out) as f:
+            return json.load(f)["rows"][row.name]
+
+
 def free(env):
     """Drops the row's models before the next one."""
     import keras
@@ -296,6 +333,7 @@ def main(argv=None):
         mode=sorted(args.mode),
         quick=args.quick,
         gpu=env.gpu,
+        process=os.getpid(),
     )
     for key in ("sizes",):
         meta.pop(key, None)
@@ -309,7 +347,10 @@ def main(argv=None):
         f"({peak['dtype']} {peak['size']}^3, {peak['library']})",
         flush=True,
     )
-    results = {row.name: bench_row(row, args, env, peak) for row in args.rows}
+    if args.row_processes and len(args.rows) > 1:
+        results = {row.name: row_in_process(row, argv) for row in args.rows}
+    else:
+        results = {row.name: bench_row(row, args, env, peak) for row in args.rows}
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     meta["load_end"] = _common.load()
     _report.table(results, args)

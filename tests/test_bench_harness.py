@@ -80,3 +80,23 @@ def test_quick_run_writes_json(tmp_path, backend):
     for b in (1, row["batch"]):
         assert ours[f"gen_b{b}_prefill_s"] > 0
         assert ours[f"gen_b{b}_tokens_per_s"] > 0
+
+
+def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
+    cmd += ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours", "--mode", "train"]
+    cmd += ["--row-processes", "--json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert sorted(rows) == ["bert_tiny", "gpt2_tiny"]
+    for row in rows.values():
+        assert "error" not in row, row.get("error")
+        assert row["contenders"]["ours"]["train_s_per_step"] > 0
+    processes = {row["process"] for row in rows.values()}
+    assert len(processes) == 2 and result["meta"]["process"] not in processes
+    last_table = proc.stdout[proc.stdout.rindex("| contender |") :]
+    assert "gpt2_tiny" in last_table and "bert_tiny" in last_table  # merged
