@@ -118,24 +118,15 @@ def _gather(x, index):
 
 
 def _step_fn(model, spec: BeamSpec, stop, candidates):
-    """One search step: `(step [], sequences [B, N, L], scores [B, N],
-    self_cache, cross_cache, mask [B * N, S], finished, is_open [B],
+    """One search step: `((step [], sequences [B, N, L], scores [B, N],
+    self_cache, finished, is_open [B]), cross_cache, mask [B * N, S],
     max_new_tokens []) -> (step + 1, sequences, scores, self_cache,
     finished, is_open)`. Every input is a tensor, so one compiled step
     (PyTorch with `jit_compile=True`) serves every token and every call."""
     beams = spec.num_beams
 
-    def step_fn(
-        step,
-        sequences,
-        scores,
-        self_cache,
-        cross_cache,
-        mask,
-        finished,
-        is_open,
-        max_new_tokens,
-    ):
+    def step_fn(state, cross_cache, mask, max_new_tokens):
+        step, sequences, scores, self_cache, finished, is_open = state
         batch, _, length = sequences.shape
         flat = ops.reshape(sequences, (batch * beams, length))
         token = _column(flat, step)[:, None]  # [B * N, 1]
@@ -216,18 +207,8 @@ def _search_fn(model, spec: BeamSpec, stop_ids):
                 )
             return keep_going
 
-        def body(step, sequences, scores, self_cache, finished, is_open):
-            return step_fn(
-                step,
-                sequences,
-                scores,
-                self_cache,
-                cross_cache,
-                mask,
-                finished,
-                is_open,
-                max_new_tokens,
-            )
+        def body(*state):
+            return step_fn(state, cross_cache, mask, max_new_tokens)
 
         state = (_loop_index(model, 0), sequences, scores, self_cache)
         state = backend.while_loop(cond, body, state + (finished, is_open))
