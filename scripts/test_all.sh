@@ -2,8 +2,9 @@
 # Installs the package with its test extras, then runs the whole test suite
 # once per Keras backend (each in its own processes). Tests marked `large`
 # run once, on JAX. Test files are spread over every core (pytest-xdist,
-# one worker per core; each file's tests stay in one worker). Exits non-zero if any backend fails or runs no test
-# (pytest's exit code 5, "no tests ran", counts as a failure).
+# one worker per core; each file's tests stay in one worker). Exits
+# non-zero if any backend fails or runs no test (pytest's exit code 5,
+# "no tests ran", counts as a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q "torch==2.13.0" -e ".[jax,torch,tests]" || exit 1
