@@ -285,3 +285,28 @@ def test_bert_classifier_heads(policy, rng):
         assert {dtype_of(w) for w in model.weights} == {"float32"}
         loss = MaskedSparseCategoricalCrossentropy()(y, logits)
         assert dtype_of(loss) == "float32" and np.isfinite(float(to_numpy(loss)))
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "torch",
+    reason="PyTorch traces symbolic calls on its 'meta' device",
+)
+# Keras' `take_along_axis` (BERT's masked-token gather) does not run on the
+# meta device; Keras then traces on the real one, as it does for any failure.
+@pytest.mark.parametrize("name", [n for n in MAIN if n != "bert_masked_lm"])
+def test_meta_device_trace_has_the_compute_dtype(name, rng):
+    """Keras traces a symbolic call on PyTorch's "meta" device, where a
+    variable's stand-in has the variable's dtype (float32): the model's
+    output must still have the compute dtype there (a float32 stand-in
+    reaching a product promoted the ViT logits to float32)."""
+    import torch
+
+    model = build(name, "mixed_bfloat16")
+    x, _ = batch(name, rng)
+
+    def meta(a):
+        return torch.empty(a.shape, dtype=getattr(torch, str(a.dtype)), device="meta")
+
+    with keras.device("meta"):
+        logits = model(keras.tree.map_structure(meta, x))
+    assert logits.device.type == "meta" and dtype_of(logits) == "bfloat16"

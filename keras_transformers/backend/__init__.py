@@ -111,10 +111,13 @@ def memo(key, compute):
     repeats within a step, such as the positions and rotary angles of the
     new tokens, is then done for the first layer only. Elsewhere (compiled
     backends trace each layer, and XLA deduplicates) it calls `compute()`.
-    `key` must determine the value (e.g. hold the tensors it depends on)."""
+    `key` must determine the value (e.g. hold the tensors it depends on); a
+    callable `key` is called only while memoizing (so a key built from
+    `id(tensor)` is never traced by `torch.compile`)."""
     store = _MEMO[0]
     if store is None:
         return compute()
+    key = key() if callable(key) else key
     if key not in store:
         store[key] = compute()
     return store[key]
@@ -263,13 +266,21 @@ def dot_product_attention(query, key, value, mask=None, scale=None, is_causal=Fa
 
 def _torch_tensor(x):
     """A torch tensor as it is; anything else (a Keras variable, an array)
-    through `convert_to_tensor` (which applies autocasting)."""
+    through `convert_to_tensor` (which applies autocasting). In a symbolic
+    call (Keras traces on PyTorch's "meta" device) a variable's stand-in has
+    the variable's dtype, not the autocast one: it is cast here, so that a
+    mixed-precision layer's output spec has the compute dtype."""
     import torch
 
     if isinstance(x, torch.Tensor):
         return x
     value = None if _VALUES[0] is None else _VALUES[0].get(id(x))
-    return keras.ops.convert_to_tensor(x) if value is None else value
+    if value is not None:
+        return value
+    value = keras.ops.convert_to_tensor(x)
+    if value.device.type == "meta" and isinstance(x, keras.Variable):
+        value = x._maybe_autocast(value)
+    return value
 
 
 def from_numpy(array):

@@ -172,7 +172,7 @@ class PatchEmbedding(keras.layers.Layer):
         x = ops.reshape(images, (-1, h, p, w, p, channels))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # [B, h, w, p, p, C]
         x = ops.reshape(x, (-1, h * w, p * p * channels))
-        kernel = ops.reshape(self.kernel, (p * p * channels, d))
+        kernel = ops.reshape(backend.value(self.kernel), (p * p * channels, d))
         projected = backend.linear(x, kernel, self.bias, 1)  # [B, h*w, D]
         x = ops.matmul(x, kernel) + self.bias if projected is None else projected
         tokens = [self.class_embedding] if self.class_token else []

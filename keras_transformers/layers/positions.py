@@ -65,7 +65,7 @@ class RotaryEmbedding(keras.layers.Layer):
         head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
         if positions is None:
             positions = ops.arange(length)
-        key = (
+        key = lambda: (  # noqa: E731
             "rotary",
             id(positions),
             head_dim,

@@ -19,7 +19,9 @@ def relative_sinusoid(distances, dim):
     of `distance / 10000 ** (2i / D)` in the first half, their cosines in the
     second."""
     inverse = 1.0 / np.power(10000.0, np.arange(0, dim, 2, dtype="float64") / dim)
-    angles = ops.cast(distances, "float32")[:, None] * inverse.astype("float32")
+    angles = ops.multiply(
+        ops.cast(distances, "float32")[:, None], inverse.astype("float32")
+    )
     return ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
 
 
