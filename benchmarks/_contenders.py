@@ -124,6 +124,7 @@ class Ours(KerasContender):
     """`keras_transformers` on the current Keras backend."""
 
     name = "ours"
+    jit_compile = "auto"  # the backend's default
 
     def __init__(self, row, cfg, batch, env):
         from keras_transformers import models
@@ -140,7 +141,8 @@ class Ours(KerasContender):
         if row.kind in ("classify", "vit"):
             kwargs = {"num_classes": row.num_classes, "classifier_dropout": 0.0}
         self.row = row
-        super().__init__(cls(config=cfg, dtype=env.dtype, **kwargs), batch, env)
+        model = cls(config=cfg, dtype=env.dtype, **kwargs)
+        super().__init__(model, batch, env, jit_compile=self.jit_compile)
 
     def generate(self, prompts, new_tokens):
         out = self.model.generate(
@@ -178,6 +180,16 @@ class OursDenseDispatch(Ours):
             raise Skip("not an MoE row")
         moe = dataclasses.replace(cfg.moe, dispatch="dense")
         super().__init__(row, dataclasses.replace(cfg, moe=moe), batch, env)
+
+
+class OursCompiled(Ours):
+    """Ours compiled with `jit_compile=True`: `torch.compile` on PyTorch
+    (eager is the Keras default there), XLA on TensorFlow (the CPU default
+    is eager graph mode), the same as `ours` on JAX."""
+
+    name = "ours_compiled"
+
+    jit_compile = True
 
 
 class KerasHub(KerasContender):
@@ -312,4 +324,28 @@ class HF(Contender):
         )
 
 
-CONTENDERS = {c.name: c for c in (Ours, OursDenseDispatch, KerasHub, HF)}
+class HFCompiled(HF):
+    """Hugging Face with its training forward through `torch.compile` (the
+    default inductor backend); generation stays eager."""
+
+    name = "hf_compiled"
+
+    def __init__(self, row, cfg, batch, env):
+        super().__init__(row, cfg, batch, env)
+        self.forward = self.torch.compile(self.model)
+
+    def train_step(self):
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward(**self.inputs).loss
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach().float())
+
+    def notes(self):
+        return super().notes() + ", torch.compile (training)"
+
+
+CONTENDERS = {
+    c.name: c for c in (Ours, OursCompiled, OursDenseDispatch, KerasHub, HF, HFCompiled)
+}

@@ -7,8 +7,11 @@ Rows (``--rows``, see ``_rows.py``): "tiny" sizes (the host-overhead check)
 moe_tiny, moe_tiny_dense`` and "published" sizes ``gpt2_small,
 smollm2_135m, bert_base, vit_b16, transformer_base, t5_small, moe_smollm2,
 moe_smollm2_dense``. Contenders (``--contenders``): ``ours``
-(keras_transformers on ``KERAS_BACKEND``), ``kerashub`` (same backend),
-``hf`` (transformers in eager PyTorch, on CUDA when present).
+(keras_transformers on ``KERAS_BACKEND``), ``ours_compiled`` (the same
+with ``jit_compile=True``), ``ours_dense_dispatch`` (MoE rows: every expert
+on every token), ``kerashub`` (same backend), ``hf`` (transformers in eager
+PyTorch, on CUDA when present), ``hf_compiled`` (its training forward
+through ``torch.compile``).
 
 Per row and contender: seconds per training step (median of alternating
 rounds), tokens/s (images/s for ViT), the first step's time (tracing and

@@ -8,9 +8,9 @@
 # Variables: BACKENDS (default: jax torch, plus tensorflow where it imports),
 # ROWS (published), CONTENDERS (ours,kerashub,hf), MODE (train,generate),
 # DTYPE (bfloat16), REPEATS (3), STEPS (3), TIMEOUT per backend (s, 600),
-# ARGS (more bench.py flags). Where that Python lacks Keras or KerasHub,
-# put their wheels in .whl/ first (see scripts/device_check.sh): they are
-# installed to /tmp/site.
+# ARGS (more bench.py flags), TAG (log and JSON names: bench_$TAG$backend).
+# Where that Python lacks Keras or KerasHub, put their wheels in .whl/ first
+# (see scripts/device_check.sh): they are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -22,7 +22,8 @@ for backend in ${BACKENDS:-$default}; do
         --rows "${ROWS:-published}" --contenders "${CONTENDERS:-ours,kerashub,hf}" \
         --mode "${MODE:-train,generate}" --dtype "${DTYPE:-bfloat16}" \
         --repeats "${REPEATS:-3}" --steps "${STEPS:-3}" \
-        --json "$OUT/bench_$backend.json" ${ARGS:-} >"$OUT/bench_$backend.log" 2>&1
+        --json "$OUT/bench_${TAG:-}$backend.json" ${ARGS:-} \
+        >"$OUT/bench_${TAG:-}$backend.log" 2>&1
     echo "rc=$?"
-    grep -v "^\s*\[" "$OUT/bench_$backend.log" | tail -60
+    grep -v "^\s*\[" "$OUT/bench_${TAG:-}$backend.log" | tail -60
 done

@@ -5,8 +5,8 @@
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl || exit 1
+    [ -d /tmp/site/keras ] || python3 -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD
