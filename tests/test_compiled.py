@@ -205,3 +205,34 @@ def test_xla_fit_matches_eager(family, rng, backend):
     if backend != "tensorflow":
         pytest.skip("XLA through tf.function(jit_compile=True) is TensorFlow's")
     _compiled_matches_eager(family, rng)
+
+
+def test_optimizer_update_runs_outside_the_compiled_graph(backend):
+    """`run_eagerly` (the optimizers' `apply` under `torch.compile`) runs its
+    function eagerly on every call of a compiled program; elsewhere it is a
+    plain call."""
+    from keras_transformers.backend import run_eagerly
+
+    seen = []
+
+    def update(x):
+        if backend == "torch":
+            import torch
+
+            seen.append(torch.compiler.is_compiling())
+        else:
+            seen.append(False)
+        return x + 1
+
+    def step(x):
+        return run_eagerly(update, x * 2) * 3
+
+    if backend == "torch":
+        import torch
+
+        step = torch.compile(step)
+    x = keras.ops.ones((4,))
+    for _ in range(3):
+        out = step(x)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), np.full(4, 9.0))
+    assert seen == [False, False, False]

@@ -15,7 +15,7 @@ from keras import ops
 
 from keras_transformers import backend, loading, lora, preset_io
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
-from keras_transformers.backend.compiled import prepare_train_function
+from keras_transformers.backend.compiled import train_function
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
 from keras_transformers.layers.core import Dense, seeded_dropout
@@ -286,10 +286,11 @@ class ConfiguredModel(SavesRandomState, keras.Model):
         return super().__call__(*args, **kwargs)
 
     def make_train_function(self, force=False):
-        """Keras' train function, with PyTorch's compiled path prepared so
-        that it compiles once (`backend.compiled.prepare_train_function`)."""
-        prepare_train_function(self)
-        return super().make_train_function(force)
+        """Keras' train function; with PyTorch's compiled path, one that
+        traces the model fewer times and compiles once
+        (`backend.compiled.train_function`)."""
+        compiled = train_function(self, force)
+        return super().make_train_function(force) if compiled is None else compiled
 
     def _norm(self, name):
         """A built norm of the config's type over `hidden_dim` features."""
