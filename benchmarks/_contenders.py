@@ -266,6 +266,7 @@ class HF(Contender):
         self.inputs = {k: self.tensor(v, dtype) for k, v in batch.hf.items()}
         if row.kind == "moe":  # the router's load-balancing loss, as ours
             self.inputs["output_router_logits"] = True
+        self.forward = self.model  # the training forward (see HFCompiled)
 
     def tensor(self, a, float_dtype):
         a = np.asarray(a)
@@ -279,7 +280,7 @@ class HF(Contender):
     def train_step(self):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
+        loss = self.forward(**self.inputs).loss
         loss.backward()
         self.optimizer.step()
         return float(loss.detach().float())  # a host copy: waits for the GPU
@@ -333,14 +334,6 @@ class HFCompiled(HF):
     def __init__(self, row, cfg, batch, env):
         super().__init__(row, cfg, batch, env)
         self.forward = self.torch.compile(self.model)
-
-    def train_step(self):
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward(**self.inputs).loss
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach().float())
 
     def notes(self):
         return super().notes() + ", torch.compile (training)"
