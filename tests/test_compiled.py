@@ -236,3 +236,21 @@ def test_optimizer_update_runs_outside_the_compiled_graph(backend):
         out = step(x)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out), np.full(4, 9.0))
     assert seen == [False, False, False]
+
+
+def test_torch_compiled_fit_refuses_steps_per_execution(backend):
+    """The compiled PyTorch train function keeps Keras' refusal of
+    `steps_per_execution > 1` on PyTorch (a clear error, not a silent
+    single step)."""
+    if backend != "torch":
+        pytest.skip("a PyTorch-only limit")
+    model = GPTCausalLM.from_preset("gpt2_tiny", num_layers=1)
+    model.compile(
+        optimizer="sgd",
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+        steps_per_execution=2,
+    )
+    ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
+    with pytest.raises(ValueError, match="steps_per_execution"):
+        model.fit(ids, ids, verbose=0)

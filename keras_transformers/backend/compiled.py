@@ -34,7 +34,11 @@ def train_function(model, force=False):
     outside the compiled program, it clears every layer's `add_loss` losses
     (`model.losses` is empty between compiled steps), so the first
     compilation serves them all. Nothing changes elsewhere."""
-    if keras.config.backend() != "torch" or not model.jit_compile:
+    if (
+        keras.config.backend() != "torch"
+        or not model.jit_compile
+        or model.steps_per_execution > 1  # Keras explains that PyTorch refuses it
+    ):
         return None
     if model.train_function is not None and not force:
         return model.train_function
