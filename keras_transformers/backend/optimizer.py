@@ -1,0 +1,71 @@
+"""The optimizer update on PyTorch: all variables at once, in place
+(`adam_update`), and outside any `torch.compile` graph (`run_eagerly`)."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_transformers.backend import _torch_tensor
+
+
+def _eager_call():
+    """On PyTorch, `call(f, args, kwargs)` marked `torch.compiler.disable`
+    (made once, at import: creating it inside a compiled region would break
+    the graph there and recompile the caller later); elsewhere None."""
+    if keras.config.backend() != "torch":
+        return None
+    import torch
+
+    return torch.compiler.disable(lambda f, args, kwargs: f(*args, **kwargs))
+
+
+_EAGER_CALL = _eager_call()
+
+
+def run_eagerly(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`; on PyTorch outside any `torch.compile` graph
+    (a graph break: `torch.compiler.disable`). For work that compiles slowly
+    and gains little from it, such as an optimizer update over every
+    variable (multi-tensor kernels already, as `torch.optim` runs them)."""
+    if _EAGER_CALL is None:
+        return fn(*args, **kwargs)
+    return _EAGER_CALL(fn, args, kwargs)
+
+
+def adam_update(
+    variables, gradients, momentums, velocities, learning_rate, step, betas, epsilon
+):
+    """One Adam step on PyTorch for all `variables` at once, in place:
+    `m += (1 - beta_1) (g - m)`, `v = beta_2 v + (1 - beta_2) g^2`,
+    `variable -= m / ((sqrt(v) + eps) / alpha)` with
+    `alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)` (Keras' Adam; `step` = t).
+
+    Multi-tensor (`torch._foreach_*`) kernels, one launch per operation for
+    a whole group of same-dtype variables where a per-variable loop makes one
+    per variable (hundreds per step on a GPU), and one temporary per
+    variable where Keras' PyTorch Adam makes five (each a fresh allocation,
+    page-faulted in on CPU). No host sync (`alpha` stays a tensor). PyTorch
+    only: other backends keep Keras' update, which XLA fuses anyway."""
+    import torch
+
+    beta_1, beta_2 = betas
+    groups = {}  # foreach kernels take one dtype and device per list
+    for var, g, m, v in zip(variables, gradients, momentums, velocities):
+        value = var.value
+        group = groups.setdefault((value.dtype, value.device), ([], [], [], []))
+        for items, item in zip(group, (value, _torch_tensor(g), m.value, v.value)):
+            items.append(item)
+    with torch.no_grad():
+        t = _torch_tensor(step)
+        lr = _torch_tensor(learning_rate)
+        for (dtype, device), (var, g, m, v) in groups.items():
+            g = [x.to(dtype) for x in g]
+            tt, lr_ = t.to(device, dtype), lr.to(device, dtype)
+            alpha = lr_ * torch.sqrt(1 - beta_2**tt) / (1 - beta_1**tt)
+            torch._foreach_lerp_(m, g, 1 - beta_1)
+            torch._foreach_mul_(v, beta_2)
+            torch._foreach_addcmul_(v, g, g, value=1 - beta_2)
+            denominator = torch._foreach_sqrt(v)
+            torch._foreach_add_(denominator, epsilon)
+            torch._foreach_div_(denominator, alpha)
+            torch._foreach_addcdiv_(var, m, denominator, value=-1)
