@@ -211,7 +211,7 @@ def test_optimizer_update_runs_outside_the_compiled_graph(backend):
     """`run_eagerly` (the optimizers' `apply` under `torch.compile`) runs its
     function eagerly on every call of a compiled program; elsewhere it is a
     plain call."""
-    from keras_transformers.backend.optimizer import run_eagerly
+    from keras_transformers.backend.compiled import run_eagerly
 
     seen = []
 

@@ -1,5 +1,6 @@
 """Compiled training on PyTorch (`compile(jit_compile=True)`, Keras'
-`torch.compile` path): the state every compiled step must start from.
+`torch.compile` path): the state every compiled step must start from, the
+train function itself, and `run_eagerly` for work left out of the graph.
 
 `torch.compile` guards a compiled program on the Python-visible state it
 read, and recompiles whenever a guard fails. Two pieces of Keras state
@@ -20,6 +21,30 @@ change between steps unless prepared:
 from __future__ import annotations
 
 import keras
+
+
+def _eager_call():
+    """On PyTorch, `call(f, args, kwargs)` marked `torch.compiler.disable`
+    (made once, at import: creating it inside a compiled region would break
+    the graph there and recompile the caller later); elsewhere None."""
+    if keras.config.backend() != "torch":
+        return None
+    import torch
+
+    return torch.compiler.disable(lambda f, args, kwargs: f(*args, **kwargs))
+
+
+_EAGER_CALL = _eager_call()
+
+
+def run_eagerly(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`; on PyTorch outside any `torch.compile` graph
+    (a graph break: `torch.compiler.disable`). For work that compiles slowly
+    and gains little from it, such as an optimizer update over every
+    variable (multi-tensor kernels already, as `torch.optim` runs them)."""
+    if _EAGER_CALL is None:
+        return fn(*args, **kwargs)
+    return _EAGER_CALL(fn, args, kwargs)
 
 
 def train_function(model, force=False):

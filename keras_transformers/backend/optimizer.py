@@ -1,35 +1,9 @@
 """The optimizer update on PyTorch: all variables at once, in place
-(`adam_update`), and outside any `torch.compile` graph (`run_eagerly`)."""
+(`adam_update`)."""
 
 from __future__ import annotations
 
-import keras
-
 from keras_transformers.backend import _torch_tensor
-
-
-def _eager_call():
-    """On PyTorch, `call(f, args, kwargs)` marked `torch.compiler.disable`
-    (made once, at import: creating it inside a compiled region would break
-    the graph there and recompile the caller later); elsewhere None."""
-    if keras.config.backend() != "torch":
-        return None
-    import torch
-
-    return torch.compiler.disable(lambda f, args, kwargs: f(*args, **kwargs))
-
-
-_EAGER_CALL = _eager_call()
-
-
-def run_eagerly(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)`; on PyTorch outside any `torch.compile` graph
-    (a graph break: `torch.compiler.disable`). For work that compiles slowly
-    and gains little from it, such as an optimizer update over every
-    variable (multi-tensor kernels already, as `torch.optim` runs them)."""
-    if _EAGER_CALL is None:
-        return fn(*args, **kwargs)
-    return _EAGER_CALL(fn, args, kwargs)
 
 
 def adam_update(

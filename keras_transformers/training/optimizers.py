@@ -20,7 +20,8 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_transformers.backend import optimizer as backend
+from keras_transformers.backend.compiled import run_eagerly
+from keras_transformers.backend.optimizer import adam_update
 from keras_transformers.training.schedules import InverseSquareRootSchedule
 
 # Section 5.3 of Vaswani et al. (2017).
@@ -37,7 +38,7 @@ class _InPlaceUpdate:
         compiling the update of every variable took 106 of the 237 s that
         GPT-2 small's first compiled training step took on a 2-core CPU,
         for an update that runs as a few multi-tensor kernels anyway."""
-        return backend.run_eagerly(super().apply, grads, trainable_variables)
+        return run_eagerly(super().apply, grads, trainable_variables)
 
     def build(self, variables):
         super().build(variables)
@@ -54,7 +55,7 @@ class _InPlaceUpdate:
                 grads, trainable_variables, learning_rate
             )
         slots = [self._get_variable_index(v) for v in trainable_variables]
-        backend.adam_update(
+        adam_update(
             trainable_variables,
             grads,
             [self._momentums[i] for i in slots],
@@ -75,10 +76,10 @@ class Adam(_InPlaceUpdate, keras.optimizers.Adam):
     variable per step; on CPU every one is a fresh allocation that the
     kernel page-faults in. This one allocates one
     (`backend.optimizer.adam_update`), with multi-tensor kernels over all
-    variables (one launch per operation on a GPU): the optimizer step takes about half the time (Mixtral
-    benchmark layout, 17.6M parameters: 0.03 vs 0.06 s on CPU, ~4% of the
-    training step). Other backends, and `amsgrad=True`, use Keras' update
-    unchanged (XLA fuses it). Results agree with Keras' to float32 rounding.
+    variables (one launch per operation on a GPU): the optimizer step takes
+    about half the time (Mixtral benchmark layout, 17.6M parameters: 0.03
+    vs 0.06 s on CPU, ~4% of the training step). Other backends, and
+    `amsgrad=True`, use Keras' update unchanged (XLA fuses it). Results agree with Keras' to float32 rounding.
     """
 
 
