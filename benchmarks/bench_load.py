@@ -10,9 +10,16 @@ allocator start cold and equal; the order alternates every round):
   reported apart (``tokenizer s``) and the model-only time is the load
   minus it;
 * ``hf``: ``transformers.AutoModelForCausalLM.from_pretrained(dir,
-  dtype=torch.float32)`` (model only).
+  dtype=torch.float32)`` (model only);
+* ``copy`` (``--copy-floor``): no model, only the safetensors files copied
+  into fresh anonymous memory on every core with NumPy: the floor of any
+  load whose arrays own their memory (JAX and TensorFlow arrays do; a
+  transposed copy costs more). On a machine where first writes to fresh
+  pages are slow, this floor can exceed a load that maps the file.
 
-Every subprocess gets all of the machine's cores (no thread caps).
+Every subprocess gets all of the machine's cores (no thread caps), and
+every checkpoint's files are read once before the first round (a warm
+page cache for every contender).
 Measured in each child: import time (Keras + keras_transformers, or torch +
 transformers), the framework baseline (RSS after the imports), the load's
 wall time, and its peak RSS (``VmHWM`` after resetting it through
@@ -150,6 +157,15 @@ def synthetic_dir(dtype: str) -> Path:
     return path
 
 
+def warm_page_cache(path: Path) -> None:
+    """Reads every file of `path` once, so that no contender's first round
+    reads the disk while the others read the page cache."""
+    for file in sorted(path.iterdir()):
+        with open(file, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
 def weights_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.glob("*.safetensors"))
 
@@ -168,7 +184,32 @@ def child(contender: str, directory: str) -> dict:
     """Imports, measures the baseline, loads once; returns the figures."""
     t0 = time.perf_counter()
     tokenizer_s = [0.0]
-    if contender == "ours":
+    if contender == "copy":
+        import mmap
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numpy as np
+
+        pool = ThreadPoolExecutor(os.cpu_count() or 1)
+
+        def copy_file(path: Path) -> np.ndarray:
+            with open(path, "rb") as f:
+                source = np.frombuffer(
+                    mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ), "u1"
+                )
+            out = np.frombuffer(mmap.mmap(-1, source.size), "u1")
+            step = -(-source.size // (os.cpu_count() or 1))
+            bands = [slice(i, i + step) for i in range(0, source.size, step)]
+            list(pool.map(lambda b: np.copyto(out[b], source[b]), bands))
+            return out
+
+        def run():
+            return [copy_file(p) for p in sorted(Path(directory).glob("*.safetensors"))]
+
+        def first_call(model):
+            pass
+
+    elif contender == "ours":
         import keras  # noqa: F401
 
         import keras_transformers
@@ -253,6 +294,11 @@ def spawn(contender: str, directory: Path, backend: str | None) -> dict:
 
 
 # --------------------------------------------------------------- main
+def _library(contender: str) -> str:
+    """The library of a contender without a Keras backend."""
+    return "numpy" if contender == "copy" else "torch"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="fresh loads per contender")
@@ -262,6 +308,12 @@ def main(argv=None):
     )
     p.add_argument("--backends", default=os.environ.get("KERAS_BACKEND", "jax"))
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument(
+        "--copy-floor",
+        action="store_true",
+        help="add a row that only copies the safetensors files into fresh memory "
+        "on every core: the least any load whose arrays own their memory costs",
+    )
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
@@ -287,6 +339,7 @@ def main(argv=None):
     contenders = [("ours", b) for b in backends] + (
         [] if args.skip_hf else [("hf", None)]
     )
+    contenders += [("copy", None)] if args.copy_floor else []
     results, lines = {}, []
     for name in args.checkpoints.split(","):
         if name == "smollm2":
@@ -295,6 +348,7 @@ def main(argv=None):
             directory = synthetic_dir(args.synthetic_dtype)
             name = f"{name}-{args.synthetic_dtype}"
         size = weights_bytes(directory)
+        warm_page_cache(directory)
         samples = {c: [] for c in contenders}
         for r in range(args.rounds):
             shift = r % len(contenders)
@@ -302,7 +356,7 @@ def main(argv=None):
                 figures = spawn(c[0], directory, c[1])
                 samples[c].append(figures)
                 print(
-                    f"  [{name}] round {r + 1}: {c[0]} {c[1] or 'torch'}: "
+                    f"  [{name}] round {r + 1}: {c[0]} {c[1] or _library(c[0])}: "
                     f"load {figures['load_s']:.2f}s (tokenizer "
                     f"{figures['tokenizer_s']:.2f}s), peak-baseline "
                     f"{(figures['peak_bytes'] - figures['baseline_bytes']) / 2**20:.0f} MiB, "
@@ -325,7 +379,7 @@ def main(argv=None):
             above = statistics.median(
                 s["peak_bytes"] - s["baseline_bytes"] for s in runs
             )
-            key = f"{name}:{who}:{backend or 'torch'}"
+            key = f"{name}:{who}:{backend or _library(who)}"
             results[key] = {
                 **med,
                 "model_load_s": model_s,
@@ -336,16 +390,16 @@ def main(argv=None):
             lines.append(
                 [
                     name,
-                    f"{who} ({backend or 'torch'})",
+                    "file copy (NumPy)"
+                    if who == "copy"
+                    else f"{who} ({backend or 'torch'})",
                     f"{med['import_s']:.2f}",
                     f"{med['load_s']:.2f}",
                     f"{model_s:.2f}",
-                    f"{hf_load / model_s:.2f}" if hf_load and who == "ours" else "",
-                    f"{hf_load / med['load_s']:.2f}"
-                    if hf_load and who == "ours"
-                    else "",
+                    f"{hf_load / model_s:.2f}" if hf_load and who != "hf" else "",
+                    f"{hf_load / med['load_s']:.2f}" if hf_load and who != "hf" else "",
                     f"{med['first_call_s']:.2f}",
-                    f"{hf_used / used_s:.2f}" if hf_used and who == "ours" else "",
+                    f"{hf_used / used_s:.2f}" if hf_used and who != "hf" else "",
                     f"{med['baseline_bytes'] / 2**20:.0f}",
                     f"{med['peak_bytes'] / 2**20:.0f}",
                     f"{above / size:.2f}",

@@ -3,6 +3,8 @@ the weights: no random initializer runs for a weight the checkpoint
 fills, the tensors are views of the memory-mapped file, and weights the
 checkpoint lacks still get their initializer."""
 
+import contextlib
+
 import keras
 import ml_dtypes
 import numpy as np
@@ -180,19 +182,42 @@ def test_bfloat16_checkpoint_loads_into_any_dtype(tmp_path, dtype):
     np.testing.assert_array_equal(got, table)
 
 
+@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("source_dtype", ["float32", "bfloat16"])
-def test_large_transposed_matrix_loads_into_a_reshaped_kernel(source_dtype):
-    """A checkpoint's `[out, in]` matrix large enough for the compiled
-    transpose (JAX) or TensorFlow's reaches a `[in, heads, head_dim]`
-    kernel transposed, reshaped and cast exactly."""
-    from keras_transformers.backend.loading import _XLA_TRANSPOSE_SIZE, assign_array
+def test_large_transposed_matrix_loads_into_a_reshaped_kernel(source_dtype, staged):
+    """A checkpoint's `[out, in]` matrix large enough to be copied on every
+    core (in strips whose last one is partial) reaches a `[in, heads,
+    head_dim]` kernel transposed, reshaped and cast exactly; a second
+    matrix loaded next (TensorFlow reuses its scratch buffer) leaves the
+    first variable as it was, and leaving `staging()` frees that buffer."""
+    from keras_transformers.backend import loading
 
-    rows, cols = 2048, _XLA_TRANSPOSE_SIZE // 2048  # [out, in]
-    matrix = np.random.default_rng(0).standard_normal((rows, cols), dtype="float32")
-    matrix = matrix.astype(
-        ml_dtypes.bfloat16 if source_dtype == "bfloat16" else "float32"
-    )
-    variable = keras.Variable(np.zeros((cols, 16, rows // 16), "float32"))
-    assign_array(variable, matrix.T)
-    expected = matrix.astype("float32").T.reshape(cols, 16, rows // 16)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected)
+    rows, cols = 1024, 1031  # [out, in]: over 1M elements, 1031 = 64 * 16 + 7
+    rng = np.random.default_rng(0)
+    dtype = ml_dtypes.bfloat16 if source_dtype == "bfloat16" else "float32"
+    matrices = [rng.standard_normal((rows, cols)).astype(dtype) for _ in range(2)]
+    variables = [
+        keras.Variable(np.zeros((cols, 16, rows // 16), "float32")) for _ in range(2)
+    ]
+    with loading.staging() if staged else contextlib.nullcontext():
+        for variable, matrix in zip(variables, matrices):
+            loading.assign_array(variable, matrix.T)
+    assert not loading._SCRATCH
+    for variable, matrix in zip(variables, matrices):
+        expected = matrix.astype("float32").T.reshape(cols, 16, rows // 16)
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected)
+
+
+def test_loaded_variable_owns_its_memory_and_trains():
+    """A weight copied into a fresh host array (adopted by JAX, and by
+    TensorFlow through DLPack) can be updated in place afterwards, and the
+    checkpoint's (read-only, as a file mapping is) array is left unchanged."""
+    from keras_transformers.backend.loading import assign_array
+
+    table = np.arange(2 * 1024 * 1024, dtype="float32").reshape(2048, 1024)
+    table.flags.writeable = False
+    variable = keras.Variable(np.zeros(table.shape, "float32"))
+    assign_array(variable, table)
+    variable.assign_add(keras.ops.ones(table.shape))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), table + 1)
+    assert table[0, 0] == 0 and table[-1, -1] == table.size - 1

@@ -21,6 +21,7 @@ from pathlib import Path
 from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
+from keras_transformers.backend.loading import staging
 from keras_transformers.convert import (
     bart,
     bert,
@@ -163,7 +164,7 @@ def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overr
     if checkpoint is None:
         return instantiate(target, config, dtype, tokenizer, task)
     # No random initializers for the weights the checkpoint overwrites.
-    with deferred_initialization():
+    with deferred_initialization(), staging():
         model = instantiate(target, config, dtype, tokenizer, task)
         try:
             if hasattr(module, "load_model_weights"):  # task heads too (BERT)
