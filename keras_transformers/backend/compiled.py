@@ -49,16 +49,19 @@ def run_eagerly(fn, *args, **kwargs):
 
 def train_function(model, force=False):
     """`model`'s train function where PyTorch compiles it (else None: Keras
-    makes its own). Every trainable weight first gets a zero gradient, the
-    state each later step starts from. The function is `torch.compile` of
-    `model.train_step` itself, where Keras compiles a closure around it:
-    at `loss.backward()` (a graph break) `torch.compile` traces the forward
-    pass twice more for every function between the compiled one and the
-    break (GPT-2 small's first compiled step on a 2-core CPU: 68 s this
-    way, 126 s through Keras' closure and a wrapper). After each step,
-    outside the compiled program, it clears every layer's `add_loss` losses
-    (`model.losses` is empty between compiled steps), so the first
-    compilation serves them all. Nothing changes elsewhere."""
+    makes its own). It runs Keras' PyTorch `train_step` with the forward
+    pass and the loss as one `torch.compile`d function (whose backward
+    `torch.compile` compiles too, as for a compiled `nn.Module`), and the
+    rest eagerly: clearing gradients, `loss.backward()`, the optimizer
+    update, the loss tracker and the metrics. Keras compiles the whole
+    step instead; `torch.compile` then breaks the graph at `backward()`,
+    traces the forward again for every frame between the compiled function
+    and the break, and guards on every weight's gradient (GPT-2 small's
+    first compiled step on a 2-core CPU took 126 s that way, 68 s with
+    `train_step` compiled directly). The `add_loss` losses the forward
+    adds are part of the compiled loss and cleared after each step
+    (`model.losses` is empty between compiled steps, so every step runs the
+    first compilation). Nothing changes elsewhere."""
     if (
         keras.config.backend() != "torch"
         or not model.jit_compile
@@ -69,18 +72,31 @@ def train_function(model, force=False):
         return model.train_function
     import torch
 
-    with torch.no_grad():
-        for variable in model.trainable_variables:
-            value = variable.value
-            if value.grad is None and value.requires_grad:
-                value.grad = torch.zeros_like(value)
+    def forward_and_loss(x, y, sample_weight):
+        y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        return y_pred, loss
+
     model._clear_losses()
-    compiled = torch.compile(model.train_step)
+    compiled = torch.compile(forward_and_loss)
 
     def one_step_on_data(data):
-        logs = compiled(data[0])
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data[0])
+        model.zero_grad()
+        y_pred, loss = compiled(x, y, sample_weight)
         model._clear_losses()
-        return logs
+        batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+        model._loss_tracker.update_state(loss, sample_weight=batch)
+        if model.optimizer is not None:
+            loss = model.optimizer.scale_loss(loss)
+        weights = model.trainable_weights[:]
+        if weights:
+            loss.backward()
+            with torch.no_grad():
+                model.optimizer.apply([v.value.grad for v in weights], weights)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     model.train_function = one_step_on_data
     return one_step_on_data
