@@ -254,3 +254,32 @@ def test_torch_compiled_fit_refuses_steps_per_execution(backend):
     ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
     with pytest.raises(ValueError, match="steps_per_execution"):
         model.fit(ids, ids, verbose=0)
+
+
+def test_torch_compiled_train_step_is_one_graph_without_breaks(backend):
+    """A compiled PyTorch training step is one graph (the forward pass and
+    the loss; `torch.compile` compiles its backward with it), traced once,
+    with no graph break at all: gradients, the optimizer update and the
+    metrics run outside it."""
+    if backend != "torch":
+        pytest.skip("torch.compile is PyTorch's compiler")
+    import torch
+    from torch._dynamo.utils import counters
+
+    model = GPTCausalLM.from_preset("gpt2_tiny", num_layers=1)
+    model.compile(
+        optimizer="adamw",
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
+        metrics=["sparse_categorical_accuracy"],
+        jit_compile=True,
+    )
+    ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
+    torch._dynamo.reset()
+    counters.clear()
+    before = model.get_weights()
+    for _ in range(3):
+        logs = model.train_on_batch(ids, ids, return_dict=True)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert set(logs) == {"loss", "sparse_categorical_accuracy"}
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))

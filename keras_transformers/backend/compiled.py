@@ -21,6 +21,7 @@ change between steps unless prepared:
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 
 def _eager_call():
@@ -47,7 +48,7 @@ def run_eagerly(fn, *args, **kwargs):
     return _EAGER_CALL(fn, args, kwargs)
 
 
-def train_function(model, force=False):
+def train_function(model, force=False, check_inputs=None):
     """`model`'s train function where PyTorch compiles it (else None: Keras
     makes its own). It runs Keras' PyTorch `train_step` with the forward
     pass and the loss as one `torch.compile`d function (whose backward
@@ -61,7 +62,10 @@ def train_function(model, force=False):
     `train_step` compiled directly). The `add_loss` losses the forward
     adds are part of the compiled loss and cleared after each step
     (`model.losses` is empty between compiled steps, so every step runs the
-    first compilation). Nothing changes elsewhere."""
+    first compilation). NumPy inputs (`train_on_batch`) are checked by
+    `check_inputs(x)` (the model's host-input checks) and made tensors
+    before the compiled function sees them: Dynamo cannot read an array's
+    dtype. Nothing changes elsewhere."""
     if (
         keras.config.backend() != "torch"
         or not model.jit_compile
@@ -84,6 +88,13 @@ def train_function(model, force=False):
 
     def one_step_on_data(data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data[0])
+        x = check_inputs(x) if check_inputs is not None else x
+        x, y, sample_weight = keras.tree.map_structure(
+            lambda v: (
+                keras.ops.convert_to_tensor(v) if isinstance(v, np.ndarray) else v
+            ),
+            (x, y, sample_weight),
+        )
         model.zero_grad()
         y_pred, loss = compiled(x, y, sample_weight)
         model._clear_losses()

@@ -289,7 +289,7 @@ class ConfiguredModel(SavesRandomState, keras.Model):
         """Keras' train function; with PyTorch's compiled path, one that
         traces the model fewer times and compiles once
         (`backend.compiled.train_function`)."""
-        compiled = train_function(self, force)
+        compiled = train_function(self, force, check_inputs=host_inputs)
         return super().make_train_function(force) if compiled is None else compiled
 
     def _norm(self, name):
