@@ -1,18 +1,18 @@
 """Compiled training on PyTorch (`compile(jit_compile=True)`, Keras'
-`torch.compile` path): the state every compiled step must start from, the
-train function itself, and `run_eagerly` for work left out of the graph.
+`torch.compile` path): the train function, which compiles the forward pass
+and the loss and runs the rest of the step eagerly, compiled decoding
+steps, and `run_eagerly` for work left out of a graph.
 
 `torch.compile` guards a compiled program on the Python-visible state it
-read, and recompiles whenever a guard fails. Two pieces of Keras state
-change between steps unless prepared:
+read, and recompiles whenever a guard fails. Keras state that changes
+between steps therefore stays outside the compiled function:
 
-* Keras' PyTorch train step begins with `zero_grad()`, which reads whether
-  each weight has a gradient: none before the first step, one after every
-  later step. Without help the second step recompiles the whole train step
-  (as long again as the first, on CPU tens of seconds).
+* Keras' PyTorch train step calls `zero_grad()`, whose result (a gradient
+  or none per weight) differs between the first step and later ones: it
+  runs eagerly, with `backward()` and the optimizer update.
 * Layers that call `add_loss` (the MoE router's load-balancing and z-losses)
   keep the loss tensors in their `_losses` lists until the next call clears
-  them. A step then starts with an empty list (step 1), the previous step's
+  them. A step would start with an empty list (step 1), the previous step's
   tensors (step 2), then other tensors (step 3, the guarded ones freed): a
   new graph at each of the first steps. The lists are cleared after each
   compiled step, so every step starts with them empty.
