@@ -238,20 +238,25 @@ def test_optimizer_update_runs_outside_the_compiled_graph(backend):
     assert seen == [False, False, False]
 
 
+def _compiled_tiny_lm(**compile_args):
+    """A 1-layer `gpt2_tiny` compiled with `jit_compile=True` and the
+    library's loss, and a [4, 8] batch of token ids."""
+    model = GPTCausalLM.from_preset("gpt2_tiny", num_layers=1)
+    model.compile(
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+        **compile_args,
+    )
+    return model, np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
+
+
 def test_torch_compiled_fit_refuses_steps_per_execution(backend):
     """The compiled PyTorch train function keeps Keras' refusal of
     `steps_per_execution > 1` on PyTorch (a clear error, not a silent
     single step)."""
     if backend != "torch":
         pytest.skip("a PyTorch-only limit")
-    model = GPTCausalLM.from_preset("gpt2_tiny", num_layers=1)
-    model.compile(
-        optimizer="sgd",
-        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=True,
-        steps_per_execution=2,
-    )
-    ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
+    model, ids = _compiled_tiny_lm(optimizer="sgd", steps_per_execution=2)
     with pytest.raises(ValueError, match="steps_per_execution"):
         model.fit(ids, ids, verbose=0)
 
@@ -266,14 +271,9 @@ def test_torch_compiled_train_step_is_one_graph_without_breaks(backend):
     import torch
     from torch._dynamo.utils import counters
 
-    model = GPTCausalLM.from_preset("gpt2_tiny", num_layers=1)
-    model.compile(
-        optimizer="adamw",
-        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
-        metrics=["sparse_categorical_accuracy"],
-        jit_compile=True,
+    model, ids = _compiled_tiny_lm(
+        optimizer="adamw", metrics=["sparse_categorical_accuracy"]
     )
-    ids = np.random.default_rng(0).integers(3, 100, (4, 8)).astype("int32")
     torch._dynamo.reset()
     counters.clear()
     before = model.get_weights()
