@@ -79,7 +79,8 @@ class Adam(_InPlaceUpdate, keras.optimizers.Adam):
     variables (one launch per operation on a GPU): the optimizer step takes
     about half the time (Mixtral benchmark layout, 17.6M parameters: 0.03
     vs 0.06 s on CPU, ~4% of the training step). Other backends, and
-    `amsgrad=True`, use Keras' update unchanged (XLA fuses it). Results agree with Keras' to float32 rounding.
+    `amsgrad=True`, use Keras' update unchanged (XLA fuses it). Results
+    agree with Keras' to float32 rounding.
     """
 
 
