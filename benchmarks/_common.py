@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -271,6 +272,32 @@ def timed(fn):
     start = time.perf_counter()
     result = fn()
     return time.perf_counter() - start, result
+
+
+def cpu_times(since=None, per=1):
+    """This process's CPU seconds `{"user", "system", "minor_faults"}`; with
+    `since` (an earlier result), the difference divided by `per`. Kernel
+    ("system") time is mostly first touches of fresh memory: a step that
+    frees and re-allocates large buffers pays it every step (on a VM whose
+    balloon reports free pages, each first touch is a host page fault)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    now = {"user": r.ru_utime, "system": r.ru_stime, "minor_faults": r.ru_minflt}
+    if since is None:
+        return now
+    return {k: (now[k] - since[k]) / per for k in now}
+
+
+def median_cpu(samples, prefix):
+    """Medians of `cpu_times` differences: `{prefix}cpu_user_s_per_step`,
+    `{prefix}cpu_system_s_per_step`, `{prefix}minor_faults_per_step`."""
+    if not samples:
+        return {}
+    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    return {
+        f"{prefix}cpu_user_s_per_step": med["user"],
+        f"{prefix}cpu_system_s_per_step": med["system"],
+        f"{prefix}minor_faults_per_step": med["minor_faults"],
+    }
 
 
 def run_rounds(contenders, first_call, timed_call, repeats, label, errors=None):

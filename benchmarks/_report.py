@@ -15,6 +15,18 @@ def ratio(ours, other, higher_is_better):
     return ours / other if higher_is_better else other / ours
 
 
+def kernel_percent(r):
+    """The share of a step's CPU time spent in the kernel (first touches of
+    fresh memory, mostly), or None."""
+    user, system = (
+        r.get("train_cpu_user_s_per_step"),
+        r.get("train_cpu_system_s_per_step"),
+    )
+    if user is None or system is None or user + system <= 0:
+        return None
+    return 100 * system / (user + system)
+
+
 def table(results, args):
     """Prints the training table, then the generation table; stores the
     ratios in each row's `ratios`."""
@@ -29,6 +41,7 @@ def table(results, args):
             "TFLOP/s",
             "% peak",
             "mem MiB",
+            "kernel %",
             "ours/x speed",
         ]
     ]
@@ -69,6 +82,7 @@ def table(results, args):
                         fmt(r.get("train_tflops"), ".2f"),
                         fmt(frac and 100 * frac, ".1f"),
                         fmt(r.get("memory_mib"), ",.0f"),
+                        fmt(kernel_percent(r), ".0f"),
                         "" if cname == "ours" else fmt(speed, ".2f"),
                     ]
                 )
@@ -122,10 +136,13 @@ def table(results, args):
             problems.append(f"{name}: {cname} skipped: {why}")
         if "error" in row:
             problems.append(f"{name}: ERROR {row['error']}")
+        for cname, error in row.get("errors", {}).items():
+            problems.append(f"{name}: {cname} process: {error}")
     if len(train) > 1:
         print_table(
             train,
             f"(training, {args.dtype}; % peak: share of the measured matmul peak; "
+            "kernel %: share of the step's CPU time in the kernel; "
             "speed ratio > 1: ours is faster)",
         )
     if len(gen) > 1:

@@ -86,6 +86,13 @@ def parse_args(argv=None):
         "rows' three models with their optimizer states, then never share one "
         "process's memory)",
     )
+    p.add_argument(
+        "--contender-processes",
+        action="store_true",
+        help="run each contender of each row in a fresh process, one after "
+        "another (no contender inherits another's memory state; peak memory "
+        "is then each contender's own)",
+    )
     p.add_argument("--keras-adamw", action="store_true", help="keras.optimizers.AdamW")
     p.add_argument(
         "--keras-loss",
@@ -259,11 +266,16 @@ def record_train(contenders, out, args, env, flops, peak, row):
         peaks[c.name] = env.memory(c.uses_torch)
         return seconds
 
+    cpu = {c.name: [] for c in contenders}
+
     def round_(c):
+        before = _common.cpu_times()
         start = time.perf_counter()
         for _ in range(args.steps):
             c.train_step()
-        return (time.perf_counter() - start) / args.steps
+        seconds = (time.perf_counter() - start) / args.steps
+        cpu[c.name].append(_common.cpu_times(since=before, per=args.steps))
+        return seconds
 
     errors = {}
     firsts, samples = _common.run_rounds(
@@ -283,22 +295,27 @@ def record_train(contenders, out, args, env, flops, peak, row):
             train_items_per_s=row.tokens_per_step() / s,
             memory_kind=peaks[c.name][0],
             memory_mib=peaks[c.name][1],
+            **_common.median_cpu(cpu[c.name], "train_"),
         )
         if flops:
             r["train_tflops"] = flops / s / 1e12
             r["train_peak_fraction"] = flops / s / 1e12 / peak["tflops"]
 
 
-def row_in_process(row, argv):
-    """`bench_row` for one row in a fresh process with the same options;
-    its output streams through, its result comes back by a JSON file."""
+def row_in_process(row, argv, contender=None):
+    """`bench_row` for one row (and only `contender`, if given) in a fresh
+    process with the same options; its output streams through, its result
+    comes back by a JSON file."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    for flag in ("--rows", "--json"):  # drop these flags and their values
+    flags = ("--rows", "--json") + (("--contenders",) if contender else ())
+    for flag in flags:  # drop these flags and their values
         while flag in argv:
             i = argv.index(flag)
             del argv[i : i + 2]
         argv = [a for a in argv if not a.startswith(flag + "=")]
-    argv = [a for a in argv if a != "--row-processes"]
+    argv = [a for a in argv if a not in ("--row-processes", "--contender-processes")]
+    if contender:
+        argv += ["--contenders", contender]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, os.path.abspath(__file__), *argv, "--rows", row.name]
@@ -313,6 +330,31 @@ def row_in_process(row, argv):
             }
         with open(out) as f:
             return json.load(f)["rows"][row.name]
+
+
+def contenders_in_processes(row, argv, names, peak):
+    """`row_in_process` once per contender; their results merged into one
+    row (ours first, as `bench_row` orders them). Throughput against the
+    peak uses ours' FLOP count and this process's `peak` for every one."""
+    merged = None
+    for name in names:
+        part = row_in_process(row, argv, contender=name)
+        if merged is None:
+            merged = {**part, "contenders": {}, "skipped": {}, "processes": {}}
+        merged["contenders"].update(part.get("contenders", {}))
+        merged["skipped"].update(part.get("skipped", {}))
+        merged["processes"][name] = part.get("process")
+        if part.get("error"):
+            merged.setdefault("errors", {})[name] = part["error"]
+        if part.get("flops_per_step"):
+            merged["flops_per_step"] = part["flops_per_step"]
+    merged.pop("process", None)
+    flops = merged.get("flops_per_step")
+    for r in merged["contenders"].values():
+        if flops and r.get("train_s_per_step"):
+            r["train_tflops"] = flops / r["train_s_per_step"] / 1e12
+            r["train_peak_fraction"] = r["train_tflops"] / peak["tflops"]
+    return merged
 
 
 def free(env):
@@ -350,7 +392,12 @@ def main(argv=None):
         f"({peak['dtype']} {peak['size']}^3, {peak['library']})",
         flush=True,
     )
-    if args.row_processes and len(args.rows) > 1:
+    if args.contender_processes and len(args.contenders) > 1:
+        results = {
+            row.name: contenders_in_processes(row, argv, args.contenders, peak)
+            for row in args.rows
+        }
+    elif args.row_processes and len(args.rows) > 1:
         results = {row.name: row_in_process(row, argv) for row in args.rows}
     else:
         results = {row.name: bench_row(row, args, env, peak) for row in args.rows}
