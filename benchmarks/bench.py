@@ -93,6 +93,13 @@ def parse_args(argv=None):
         "another (no contender inherits another's memory state; peak memory "
         "is then each contender's own)",
     )
+    p.add_argument(
+        "--retain-memory",
+        action="store_true",
+        help="keep freed memory in each process for its reuse (glibc malloc; "
+        "keras_transformers.retain_freed_memory), set before any computation, "
+        "for every contender alike",
+    )
     p.add_argument("--keras-adamw", action="store_true", help="keras.optimizers.AdamW")
     p.add_argument(
         "--keras-loss",
@@ -369,6 +376,10 @@ def free(env):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.retain_memory:  # before the first computation starts a thread pool
+        from keras_transformers.backend.host_memory import retain_freed_memory
+
+        args.retain_memory = retain_freed_memory()
     env = start(args)
     meta = _common.run_meta(env.backend, env.torch, None, args, argv)
     meta.update(
@@ -377,6 +388,7 @@ def main(argv=None):
         dtype=args.dtype,
         mode=sorted(args.mode),
         quick=args.quick,
+        retain_memory=args.retain_memory,
         gpu=env.gpu,
         process=os.getpid(),
     )

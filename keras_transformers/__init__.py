@@ -25,6 +25,7 @@ _SOURCES = {
     "list_presets": "keras_transformers.presets",
     "load_config": "keras_transformers.presets",
     "models": "keras_transformers.models",
+    "retain_freed_memory": "keras_transformers.backend.host_memory",
 }
 
 __all__ = sorted(_SOURCES)

@@ -8,6 +8,9 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Training commands run in-process here: they must not change the test
+# process's allocator (tests/test_host_memory.py checks it in subprocesses).
+os.environ.setdefault("KERAS_TRANSFORMERS_RETAIN_MEMORY", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

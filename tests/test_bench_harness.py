@@ -77,6 +77,9 @@ def test_quick_run_writes_json(tmp_path, backend):
     assert ours["train_s_per_step"] > 0 and ours["train_first_step_s"] > 0
     assert ours["train_items_per_s"] > 0 and 0 < ours["train_peak_fraction"]
     assert ours["memory_mib"] > 0
+    assert ours["train_cpu_user_s_per_step"] > 0
+    assert ours["train_cpu_system_s_per_step"] >= 0
+    assert ours["train_minor_faults_per_step"] >= 0
     for b in (1, row["batch"]):
         assert ours[f"gen_b{b}_prefill_s"] > 0
         assert ours[f"gen_b{b}_tokens_per_s"] > 0
@@ -100,3 +103,25 @@ def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
     assert len(processes) == 2 and result["meta"]["process"] not in processes
     last_table = proc.stdout[proc.stdout.rindex("| contender |") :]
     assert "gpt2_tiny" in last_table and "bert_tiny" in last_table  # merged
+
+
+def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, backend):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
+    cmd += ["--rows", "gpt2_tiny", "--contenders", "ours,kerashub", "--mode", "train"]
+    cmd += ["--contender-processes", "--json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    row = result["rows"]["gpt2_tiny"]
+    assert "error" not in row and not row.get("errors"), row
+    assert list(row["contenders"]) == ["ours", "kerashub"]
+    processes = row["processes"]
+    assert len(set(processes.values())) == 2
+    assert result["meta"]["process"] not in processes.values()
+    for r in row["contenders"].values():
+        assert r["train_s_per_step"] > 0 and r["train_peak_fraction"] > 0
+    assert 0 < row["ratios"]["train:ours/kerashub"]
+    last_table = proc.stdout[proc.stdout.rindex("| contender |") :]
+    assert "kerashub" in last_table and "kernel %" in last_table  # merged

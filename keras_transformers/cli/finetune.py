@@ -91,7 +91,11 @@ def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `finetune`: `cli.classify.finetune_classifier` (--task classify)
-    or `cli.lora.finetune_causal_lm` (--task causal-lm)."""
+    or `cli.lora.finetune_causal_lm` (--task causal-lm). Freed host memory
+    is kept for reuse (`retain_freed_memory`), before any computation."""
+    from keras_transformers.backend.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     if args.task == "causal-lm":
         from keras_transformers.cli.lora import finetune_causal_lm
 

@@ -192,7 +192,11 @@ def _add_image_arguments(train: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs `train`: `train_model`, `pretrain_bert` for a bert preset,
     `train_seq2seq` for a transformer preset (or --source/--target/--task),
-    or `train_vit` for a vit preset (or --images)."""
+    or `train_vit` for a vit preset (or --images). Freed host memory is
+    kept for reuse (`retain_freed_memory`), before any computation."""
+    from keras_transformers.backend.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     from keras_transformers.cli.seq2seq import wants_seq2seq
     from keras_transformers.cli.vit import wants_vit
     from keras_transformers.presets import list_presets
