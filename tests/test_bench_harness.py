@@ -54,15 +54,22 @@ def test_step_flops_of_published_rows(rows):
     assert rows.step_flops(t5, t5.config(), 60_506_624) > 6 * 60_506_624 * 8 * 128
 
 
-def test_quick_run_writes_json(tmp_path, backend):
+def quick_run(tmp_path, backend, *options):
+    """`bench.py --quick --repeats 1 *options` on `backend`: (stdout, JSON)."""
     out = tmp_path / "bench.json"
     env = {**os.environ, "KERAS_BACKEND": backend}
     cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
-    cmd += ["--rows", "gpt2_tiny", "--contenders", "ours", "--json", str(out)]
+    cmd += [*options, "--json", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "load average at start" in proc.stdout
-    result = json.loads(out.read_text())
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_quick_run_writes_json(tmp_path, backend):
+    stdout, result = quick_run(
+        tmp_path, backend, "--rows", "gpt2_tiny", "--contenders", "ours"
+    )
+    assert "load average at start" in stdout
     meta = result["meta"]
     assert meta["backend"] == backend
     assert meta["threads"]["cores"] >= 1
@@ -86,14 +93,10 @@ def test_quick_run_writes_json(tmp_path, backend):
 
 
 def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
-    out = tmp_path / "bench.json"
-    env = {**os.environ, "KERAS_BACKEND": backend}
-    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
-    cmd += ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours", "--mode", "train"]
-    cmd += ["--row-processes", "--json", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    options = ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours"]
+    stdout, result = quick_run(
+        tmp_path, backend, *options, "--mode", "train", "--row-processes"
+    )
     rows = result["rows"]
     assert sorted(rows) == ["bert_tiny", "gpt2_tiny"]
     for row in rows.values():
@@ -101,19 +104,20 @@ def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
         assert row["contenders"]["ours"]["train_s_per_step"] > 0
     processes = {row["process"] for row in rows.values()}
     assert len(processes) == 2 and result["meta"]["process"] not in processes
-    last_table = proc.stdout[proc.stdout.rindex("| contender |") :]
+    last_table = stdout[stdout.rindex("| contender |") :]
     assert "gpt2_tiny" in last_table and "bert_tiny" in last_table  # merged
 
 
 def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, backend):
-    out = tmp_path / "bench.json"
-    env = {**os.environ, "KERAS_BACKEND": backend}
-    cmd = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--repeats", "1"]
-    cmd += ["--rows", "gpt2_tiny", "--contenders", "ours,kerashub", "--mode", "train"]
-    cmd += ["--contender-processes", "--json", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    options = [
+        "--rows",
+        "gpt2_tiny",
+        "--contenders",
+        "ours,kerashub",
+        "--mode",
+        "train",
+    ]
+    stdout, result = quick_run(tmp_path, backend, *options, "--contender-processes")
     row = result["rows"]["gpt2_tiny"]
     assert "error" not in row and not row.get("errors"), row
     assert list(row["contenders"]) == ["ours", "kerashub"]
@@ -123,5 +127,5 @@ def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, bac
     for r in row["contenders"].values():
         assert r["train_s_per_step"] > 0 and r["train_peak_fraction"] > 0
     assert 0 < row["ratios"]["train:ours/kerashub"]
-    last_table = proc.stdout[proc.stdout.rindex("| contender |") :]
+    last_table = stdout[stdout.rindex("| contender |") :]
     assert "kerashub" in last_table and "kernel %" in last_table  # merged
