@@ -3,6 +3,7 @@
 Each check runs in a fresh interpreter: the setting changes the C
 library's allocator for the whole process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,13 +17,14 @@ pytestmark = pytest.mark.skipif(
 
 # A worker thread (as XLA's and PyTorch's are) mallocs, fills and frees
 # 256 MiB twice; the page faults of the second round tell whether the first
-# block was kept.
+# block was kept (transparent huge pages off, so each 4 KiB page faults).
 PROBE = textwrap.dedent(
     """
     import ctypes, json, resource, threading
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = (ctypes.c_void_p,)
+    libc.prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: count 4 KiB pages
     {setup}
     faults = []
 
@@ -53,8 +55,6 @@ def probe(setup, **env):
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
