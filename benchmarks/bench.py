@@ -304,9 +304,15 @@ def record_train(contenders, out, args, env, flops, peak, row):
             memory_mib=peaks[c.name][1],
             **_common.median_cpu(cpu[c.name], "train_"),
         )
-        if flops:
-            r["train_tflops"] = flops / s / 1e12
-            r["train_peak_fraction"] = flops / s / 1e12 / peak["tflops"]
+        add_throughput(r, flops, peak)
+
+
+def add_throughput(r, flops, peak):
+    """A contender's TFLOP/s and share of the measured matmul peak, from
+    its `train_s_per_step` and the row's FLOPs per step (where both exist)."""
+    if flops and r.get("train_s_per_step"):
+        r["train_tflops"] = flops / r["train_s_per_step"] / 1e12
+        r["train_peak_fraction"] = r["train_tflops"] / peak["tflops"]
 
 
 def row_in_process(row, argv, contender=None):
@@ -356,11 +362,8 @@ def contenders_in_processes(row, argv, names, peak):
         if part.get("flops_per_step"):
             merged["flops_per_step"] = part["flops_per_step"]
     merged.pop("process", None)
-    flops = merged.get("flops_per_step")
     for r in merged["contenders"].values():
-        if flops and r.get("train_s_per_step"):
-            r["train_tflops"] = flops / r["train_s_per_step"] / 1e12
-            r["train_peak_fraction"] = r["train_tflops"] / peak["tflops"]
+        add_throughput(r, merged.get("flops_per_step"), peak)
     return merged
 
 
