@@ -418,3 +418,11 @@ def finish(args, meta, t0, results, report):
             json.dump({"meta": meta, "results": results, "ratios": ratios}, f, indent=2)
         print(f"wrote {args.json}")
     return results
+
+
+def add_throughput(r, flops, peak):
+    """A contender's TFLOP/s and share of the measured matmul peak, from
+    its `train_s_per_step` and the row's FLOPs per step (where both exist)."""
+    if flops and r.get("train_s_per_step"):
+        r["train_tflops"] = flops / r["train_s_per_step"] / 1e12
+        r["train_peak_fraction"] = r["train_tflops"] / peak["tflops"]

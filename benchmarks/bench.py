@@ -39,13 +39,11 @@ import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import _common  # noqa: E402
 import _generate  # noqa: E402
+import _processes  # noqa: E402
 import _report  # noqa: E402
 import _rows  # noqa: E402
 from _common import Skip  # noqa: E402
@@ -92,6 +90,14 @@ def parse_args(argv=None):
         help="run each contender of each row in a fresh process, one after "
         "another (no contender inherits another's memory state; peak memory "
         "is then each contender's own)",
+    )
+    p.add_argument(
+        "--process-rounds",
+        type=int,
+        default=1,
+        help="with --contender-processes: run each contender's process this "
+        "many times, contenders in turn, and pool their timed rounds (a slow "
+        "phase of the machine then falls on every contender)",
     )
     p.add_argument(
         "--retain-memory",
@@ -304,67 +310,7 @@ def record_train(contenders, out, args, env, flops, peak, row):
             memory_mib=peaks[c.name][1],
             **_common.median_cpu(cpu[c.name], "train_"),
         )
-        add_throughput(r, flops, peak)
-
-
-def add_throughput(r, flops, peak):
-    """A contender's TFLOP/s and share of the measured matmul peak, from
-    its `train_s_per_step` and the row's FLOPs per step (where both exist)."""
-    if flops and r.get("train_s_per_step"):
-        r["train_tflops"] = flops / r["train_s_per_step"] / 1e12
-        r["train_peak_fraction"] = r["train_tflops"] / peak["tflops"]
-
-
-def row_in_process(row, argv, contender=None):
-    """`bench_row` for one row (and only `contender`, if given) in a fresh
-    process with the same options; its output streams through, its result
-    comes back by a JSON file."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    flags = ("--rows", "--json") + (("--contenders",) if contender else ())
-    for flag in flags:  # drop these flags and their values
-        while flag in argv:
-            i = argv.index(flag)
-            del argv[i : i + 2]
-        argv = [a for a in argv if not a.startswith(flag + "=")]
-    argv = [a for a in argv if a not in ("--row-processes", "--contender-processes")]
-    if contender:
-        argv += ["--contenders", contender]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--rows", row.name]
-        proc = subprocess.run([*cmd, "--json", out], check=False)
-        if proc.returncode != 0 or not os.path.exists(out):
-            return {
-                "kind": row.kind,
-                "size": row.size,
-                "batch": row.batch,
-                "contenders": {},
-                "error": f"row process exited {proc.returncode}",
-            }
-        with open(out) as f:
-            return json.load(f)["rows"][row.name]
-
-
-def contenders_in_processes(row, argv, names, peak):
-    """`row_in_process` once per contender; their results merged into one
-    row (ours first, as `bench_row` orders them). Throughput against the
-    peak uses ours' FLOP count and this process's `peak` for every one."""
-    merged = None
-    for name in names:
-        part = row_in_process(row, argv, contender=name)
-        if merged is None:
-            merged = {**part, "contenders": {}, "skipped": {}, "processes": {}}
-        merged["contenders"].update(part.get("contenders", {}))
-        merged["skipped"].update(part.get("skipped", {}))
-        merged["processes"][name] = part.get("process")
-        if part.get("error"):
-            merged.setdefault("errors", {})[name] = part["error"]
-        if part.get("flops_per_step"):
-            merged["flops_per_step"] = part["flops_per_step"]
-    merged.pop("process", None)
-    for r in merged["contenders"].values():
-        add_throughput(r, merged.get("flops_per_step"), peak)
-    return merged
+        _common.add_throughput(r, flops, peak)
 
 
 def free(env):
@@ -409,11 +355,16 @@ def main(argv=None):
     )
     if args.contender_processes and len(args.contenders) > 1:
         results = {
-            row.name: contenders_in_processes(row, argv, args.contenders, peak)
+            row.name: _processes.contenders_in_processes(
+                __file__, row, argv, args.contenders, peak, args.process_rounds
+            )
             for row in args.rows
         }
     elif args.row_processes and len(args.rows) > 1:
-        results = {row.name: row_in_process(row, argv) for row in args.rows}
+        results = {
+            row.name: _processes.row_in_process(__file__, row, argv)
+            for row in args.rows
+        }
     else:
         results = {row.name: bench_row(row, args, env, peak) for row in args.rows}
     meta["wall_s"] = round(time.perf_counter() - t0, 1)

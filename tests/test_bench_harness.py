@@ -109,23 +109,35 @@ def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
 
 
 def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, backend):
-    options = [
-        "--rows",
-        "gpt2_tiny",
-        "--contenders",
-        "ours,kerashub",
+    options = ["--rows", "gpt2_tiny", "--contenders", "ours,kerashub,hf"]
+    stdout, result = quick_run(
+        tmp_path,
+        backend,
+        *options,
         "--mode",
         "train",
-    ]
-    stdout, result = quick_run(tmp_path, backend, *options, "--contender-processes")
+        "--contender-processes",
+        "--process-rounds",
+        "2",
+    )
     row = result["rows"]["gpt2_tiny"]
     assert "error" not in row and not row.get("errors"), row
-    assert list(row["contenders"]) == ["ours", "kerashub"]
-    processes = row["processes"]
-    assert len(set(processes.values())) == 2
-    assert result["meta"]["process"] not in processes.values()
+    assert list(row["contenders"]) == ["ours", "kerashub", "hf"]
+    processes = row["processes"]  # two rounds of one process per contender
+    pids = [pid for name in processes for pid in processes[name]]
+    assert len(pids) == 6 and len(set(pids)) == 6
+    assert result["meta"]["process"] not in pids
+    # Hugging Face runs without the TensorFlow or JAX runtime beside it.
+    assert row["process_backends"] == {
+        "ours": backend,
+        "kerashub": backend,
+        "hf": "torch",
+    }
+    # The best peak measured in any process of the run is the denominator.
+    assert row["matmul_peak"]["tflops"] >= result["meta"]["matmul_peak"]["tflops"]
     for r in row["contenders"].values():
-        assert r["train_s_per_step"] > 0 and r["train_peak_fraction"] > 0
+        assert len(r["train_samples_s_per_step"]) == 2  # one timed round each
+        assert r["train_s_per_step"] > 0 and 0 < r["train_peak_fraction"] <= 1
     assert 0 < row["ratios"]["train:ours/kerashub"]
     last_table = stdout[stdout.rindex("| contender |") :]
     assert "kerashub" in last_table and "kernel %" in last_table  # merged
