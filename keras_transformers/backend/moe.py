@@ -89,7 +89,10 @@ def grouped_matmul(x, kernels, group_sizes):
         import tensorflow as tf
 
         parts = tf.split(x, group_sizes, num=kernels.shape[0])
-        return tf.concat([p @ kernels[g] for g, p in enumerate(parts)], axis=0)
+        # unstack, not kernels[g]: the gradient of each slice is a zero-filled
+        # [G, D, F] tensor, that of unstack one stack of the G gradients.
+        experts = tf.unstack(kernels, num=kernels.shape[0])
+        return tf.concat([p @ w for p, w in zip(parts, experts)], axis=0)
     if backend == "torch":
         import torch
 
