@@ -17,9 +17,10 @@ from _contenders import CONTENDERS
 
 
 def row_in_process(script, row, argv, contender=None):
-    """`script`'s `bench_row` for one row (and only `contender`, if given) in a fresh
-    process with the same options; its output streams through, its result
-    comes back by a JSON file, with the process's measured matmul peak. A
+    """`script`'s `bench_row` for one row (and only `contender`, if given)
+    in a fresh process with the same options; its output streams through,
+    its result comes back by a JSON file, with the process's measured
+    matmul peak. A
     contender that runs on PyTorch alone (Hugging Face) gets a process with
     the PyTorch Keras backend: no TensorFlow or JAX runtime beside it, as
     in its users' programs."""
@@ -81,7 +82,11 @@ def contenders_in_processes(script, row, argv, names, peak, rounds=1):
                 merged.setdefault("errors", {})[name] = part["error"]
             if part.get("flops_per_step"):
                 merged["flops_per_step"] = part["flops_per_step"]
-            peaks = (peak, merged["matmul_peak"], part.get("matmul_peak") or peak)
+            peaks = (
+                peak,
+                merged.get("matmul_peak") or peak,
+                part.get("matmul_peak") or peak,
+            )
             merged["matmul_peak"] = max(peaks, key=lambda p: p["tflops"])
     merged.pop("process", None)
     merged.pop("keras_backend", None)
@@ -96,8 +101,9 @@ def contenders_in_processes(script, row, argv, names, peak, rounds=1):
 
 def pool_processes(results):
     """One contender's results from several processes as one: every timed
-    round pooled (median s/step over all), the first process's first step,
-    the largest peak memory, CPU-time medians over the processes."""
+    round pooled (median s/step over all), the first process's first step
+    and generation figures, the largest peak memory, CPU-time medians over
+    the processes."""
     if len(results) == 1:
         return results[0]
     out = dict(results[0])

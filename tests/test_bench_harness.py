@@ -23,6 +23,20 @@ def rows():
         sys.path.remove(str(BENCHMARKS))
 
 
+def test_processes_pool_every_timed_round(rows):
+    import _processes  # beside _rows, on the path the fixture set
+
+    first = {"train_samples_s_per_step": [1.0, 2.0], "train_s_per_step": 1.5}
+    first.update(train_items_per_s=10.0, memory_mib=5, train_cpu_user_s_per_step=1.0)
+    second = {"train_samples_s_per_step": [3.0, 4.0], "train_s_per_step": 3.5}
+    second.update(train_items_per_s=5.0, memory_mib=7, train_cpu_user_s_per_step=3.0)
+    pooled = _processes.pool_processes([first, second])
+    assert pooled["train_samples_s_per_step"] == [1.0, 2.0, 3.0, 4.0]
+    assert pooled["train_s_per_step"] == 2.5  # median of all four
+    assert pooled["train_items_per_s"] == pytest.approx(6.0)  # 10 * 1.5 / 2.5
+    assert pooled["memory_mib"] == 7 and pooled["train_cpu_user_s_per_step"] == 2.0
+
+
 def test_train_flops_formula(rows):
     # 6 per parameter per token, plus 12 * layers * width * context per token.
     assert rows.train_flops(1_000_000, 1000, 2, 64, 100) == 6e9 + 12 * 2 * 64 * 100e3
