@@ -164,6 +164,39 @@ def test_chunk_loop_grouped_matmul_and_its_gradients(rng, sizes):
         assert_close(a, b, atol=1e-4)
 
 
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="PyTorch's paths")
+@pytest.mark.parametrize("with_grouped_mm", [True, False])
+def test_torch_grouped_matmul_and_its_gradients(rng, monkeypatch, with_grouped_mm):
+    """`grouped_mm` and the per-expert loop where a torch lacks it: each row
+    times its group's kernel, and the same gradients as the per-row product."""
+    import torch
+
+    from keras_transformers.backend import moe as backend_moe
+
+    if not with_grouped_mm:
+        monkeypatch.setattr(backend_moe, "_torch_grouped_mm", lambda: None)
+    elif backend_moe._torch_grouped_mm() is None:
+        pytest.skip("this torch has no grouped_mm")
+    sizes = np.asarray([3, 0, 9, 4], "int32")
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    x = torch.tensor(rng.standard_normal((len(groups), D)), dtype=torch.float32)
+    w = torch.tensor(rng.standard_normal((len(sizes), D, F)), dtype=torch.float32)
+    target = torch.tensor(rng.standard_normal((len(groups), F)), dtype=torch.float32)
+    grads = []
+    for fn in (
+        lambda x, w: backend_moe.grouped_matmul(
+            x, w, backend_moe.group_sizes_for_matmul(torch.tensor(sizes))
+        ),
+        lambda x, w: torch.einsum("md,mdf->mf", x, w[torch.tensor(groups)]),
+    ):
+        xv, wv = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(xv, wv)
+        (out * target).sum().backward()
+        grads.append((out.detach(), xv.grad, wv.grad))
+    for a, b in zip(*grads):
+        assert_close(a, b, atol=1e-4)
+
+
 def test_auxiliary_losses_only_in_training(x):
     moe = make(x, router_aux_loss_coef=0.01, router_z_loss_coef=0.001)
     moe(x)

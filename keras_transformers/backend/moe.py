@@ -98,8 +98,9 @@ def grouped_matmul(x, kernels, group_sizes):
 
         x, kernels = _torch_tensor(x), _torch_tensor(kernels)
         if isinstance(group_sizes, list):  # no grouped_mm in this torch
-            parts = torch.split(x, group_sizes)
-            return torch.cat([p @ kernels[g] for g, p in enumerate(parts)], dim=0)
+            # unbind, not kernels[g] (each slice's gradient a zeroed copy of all).
+            parts, experts = torch.split(x, group_sizes), kernels.unbind(0)
+            return torch.cat([p @ w for p, w in zip(parts, experts)], dim=0)
         out = _torch_grouped_mm()(x.to(kernels.dtype), kernels, offs=group_sizes)
         if out.requires_grad:  # its backward rejects stride-0 (expanded) grads
             out.register_hook(lambda grad: grad.contiguous())
