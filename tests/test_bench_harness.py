@@ -68,6 +68,38 @@ def test_step_flops_of_published_rows(rows):
     assert rows.step_flops(t5, t5.config(), 60_506_624) > 6 * 60_506_624 * 8 * 128
 
 
+def test_floor_counts_every_product_of_a_step(rows):
+    import bench_floor  # beside _rows, on the path the fixture set
+
+    gpt = rows.BY_NAME["gpt2_small"]
+    shapes = bench_floor.with_backward(bench_floor.products(gpt, gpt.config()))
+    flops = sum(2 * b * m * k * n * count for (b, m, k, n), count in shapes.items())
+    # The products' weights: the tied vocabulary table (the logits) and, per
+    # layer, query/key/value, output and the two feed-forward kernels; the
+    # position table, norms and biases are not products.
+    weights = 50257 * 768 + 12 * (768 * 3 * 768 + 768 * 768 + 2 * 768 * 3072)
+    tokens = gpt.batch * gpt.seq
+    assert flops == 6 * weights * tokens + 12 * 12 * 768 * gpt.seq * tokens
+
+
+def test_floor_quick_run_compares_with_a_bench_json(tmp_path):
+    results = tmp_path / "run.json"
+    steps = {"ours": {"train_s_per_step": 0.5}, "hf": {"train_s_per_step": 0.6}}
+    results.write_text(
+        json.dumps({"meta": {}, "rows": {"gpt2_tiny": {"contenders": steps}}})
+    )
+    out = tmp_path / "floor.json"
+    cmd = [sys.executable, str(BENCHMARKS / "bench_floor.py"), "--quick"]
+    cmd += ["--results", f"cpu={results}", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = json.loads(out.read_text())["rows"]["gpt2_tiny"]
+    assert row["floor_s"] > 0 and row["tflops"] > 0 and row["shapes"]
+    assert 0 < row["peak_fraction"] < 2
+    assert row["steps"] == {"cpu/ours": 0.5, "cpu/hf": 0.6}
+    assert "cpu hf" in proc.stdout and "x floor" in proc.stdout
+
+
 def quick_run(tmp_path, backend, *options):
     """`bench.py --quick --repeats 1 *options` on `backend`: (stdout, JSON)."""
     out = tmp_path / "bench.json"
