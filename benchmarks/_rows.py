@@ -387,14 +387,17 @@ def step_flops(row: Row, cfg, params: int) -> float:
     """FLOPs of one training step of `row`, from its config and our model's
     trainable parameter count `params`. Counted as `train_flops` with the
     active parameters (MoE: only the routed top-k experts), leaving out
-    lookup-only tables (an untied input embedding); an encoder-decoder
+    lookup-only tables (an untied input embedding, or a tied one in a
+    classifier, which computes no vocabulary logits); an encoder-decoder
     counts the encoder's layers on source tokens, the rest on target tokens,
     and cross-attention over the source."""
     d, f = cfg.hidden_dim, cfg.intermediate_dim
     width = cfg.num_heads * (cfg.head_dim or d // cfg.num_heads)
     active = params
-    if not cfg.tie_embeddings and cfg.vocabulary_size:
-        active -= cfg.vocabulary_size * d  # the input table is a lookup
+    if cfg.vocabulary_size and (not cfg.tie_embeddings or row.kind == "classify"):
+        # The input table is a lookup: untied, or tied but never multiplied
+        # (a classifier computes no vocabulary logits).
+        active -= cfg.vocabulary_size * d
     if cfg.moe is not None:
         ff = cfg.moe.expert_intermediate_dim or f
         unused = cfg.moe.num_experts - cfg.moe.num_experts_per_token

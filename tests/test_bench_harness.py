@@ -64,6 +64,12 @@ def test_step_flops_of_published_rows(rows):
     router = 6 * 8 * 576 * 8 * moe.batch * moe.seq
     assert moe_flops - router == pytest.approx(dense_flops)
 
+    bert = rows.BY_NAME["bert_base"]  # a classifier: its word table is a lookup
+    tokens, params = bert.batch * bert.seq, 109_483_778
+    attention = 12 * 12 * 768 * bert.seq * tokens
+    expected = 6 * (params - 30522 * 768) * tokens + attention
+    assert rows.step_flops(bert, bert.config(), params) == expected
+
     t5 = rows.BY_NAME["t5_small"]  # encoder on 512 source, decoder on 128 target
     assert rows.step_flops(t5, t5.config(), 60_506_624) > 6 * 60_506_624 * 8 * 128
 
