@@ -47,12 +47,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections import Counter
 
 import _rows
 import numpy as np
-from _common import all_cores, fmt, print_table
+from _common import all_cores, fmt, print_table, setup_torch, timed
 
 
 def products(row, cfg):
@@ -63,17 +62,15 @@ def products(row, cfg):
     kv = (cfg.num_kv_heads or h) * hd
     out = Counter()
 
-    def layer(b, t, context=None, cross=None):
-        """One block on `b x t` tokens; `context`: keys per query (self
-        attention over `t` when None); `cross`: source length for a
-        decoder's cross-attention."""
+    def layer(b, t, cross=None):
+        """One block on `b x t` tokens (self-attention over `t`); `cross`:
+        source length for a decoder's cross-attention."""
         m = b * t
         out[1, m, d, h * hd] += 1  # query
         out[1, m, h * hd, d] += 1  # output
         out[1, m, d, kv] += 2  # key, value
-        s = context or t
-        out[b * h, t, hd, s] += 1  # scores
-        out[b * h, t, s, hd] += 1  # mix
+        out[b * h, t, hd, t] += 1  # scores
+        out[b * h, t, t, hd] += 1  # mix
         if cross:
             out[1, m, d, h * hd] += 1
             out[1, m, h * hd, d] += 1
@@ -137,12 +134,7 @@ def time_shape(shape, torch, repeats):
     times = {}
     for lib, run in runs.items():
         run()
-        samples = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - t)
-        times[lib] = statistics.median(samples)
+        times[lib] = statistics.median(timed(run)[0] for _ in range(repeats))
     return times
 
 
@@ -217,9 +209,7 @@ def main(argv=None):
 
         rows = [dataclasses.replace(r, batch=args.batch) for r in rows]
     try:
-        import torch
-
-        torch.set_num_threads(all_cores())
+        torch = setup_torch(all_cores())
     except ImportError:
         torch = None
     runs = []
