@@ -107,6 +107,33 @@ def test_generate_greedy_matches_naive_loop_and_batches(lm):
     assert out.shape == (2, 11)
 
 
+@pytest.mark.skipif(
+    keras.config.backend() != "torch",
+    reason="counts steps of a Python decoding loop (XLA traces its loop once)",
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_prefill_logits_choose_the_first_new_token(stream, monkeypatch):
+    """No one-token step recomputes the last prompt token: the loop runs
+    one step per position after the first new one."""
+    keras.utils.set_random_seed(0)
+    model = kt.from_preset("gpt2_tiny")
+    calls = []
+    step = model.call_with_cache
+    monkeypatch.setattr(
+        model, "call_with_cache", lambda *a: calls.append(a[2]) or step(*a)
+    )
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    out = model.generate(
+        prompts,
+        max_new_tokens=6,
+        stop_token_ids=None,
+        stream=(lambda tokens: None) if stream else None,
+    )
+    assert calls == list(range(3, 10))  # positions 4..10 from 3..9
+    for row, prompt in zip(out, prompts):
+        assert row[: len(prompt) + 6].tolist() == _naive_greedy(model, prompt, 6)
+
+
 def test_generate_stop_tokens_and_streaming(lm):
     prompt = [[5, 6, 7]]
     free = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[0]

@@ -2,16 +2,17 @@
 KV cache, the same `call()` as training.
 
 Prompts are right-padded to a bucketed length. One forward pass over the
-shortest prompt, rounded up to a bucket, fills the cache; the loop then
-produces position `i` from position `i - 1`, keeping prompt tokens where a
-row's prompt is longer than the shortest one. A sliding-window model's
-rolling cache is filled with a bucketed prefix of the shortest prompt only
-(see `_prefix_length`). Shapes are static, so XLA compiles the loop once per
+shortest prompt, rounded up to a bucket, fills the cache, and its logits
+at that prompt's last token choose the next position (`_begin_fn`); the
+loop (`loop.py`) then produces position `i` from position `i - 1`, keeping
+prompt tokens where a row's prompt is longer than the shortest one. A
+sliding-window model's rolling cache is filled with a bucketed prefix of
+the shortest prompt only (see `_prefix_length`). Shapes are static, so XLA compiles the loop once per
 bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd,
 prefilling only the shortest prompt, with a Python-int position (see
 `backend.while_loop`), or, for a model compiled with
 `jit_compile=True`, as a Python loop over one `torch.compile`d step with a
-tensor position over the same fixed-size cache (`_decode_step`).
+tensor position over the same fixed-size cache (`loop._decode_step`).
 
 Each step runs the logits processors (`processors.py`: repetition penalty,
 minimum length) before the sampler. Streaming and stop strings run the same
@@ -26,25 +27,23 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend import compile_function
-from keras_transformers.backend.compiled import compile_step, compiled_decoding
 from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
-from keras_transformers.generation.processors import (
-    LogitsSettings,
-    force_token,
-    initial_presence,
-    process_logits,
-    stop_mask,
-    update_presence,
+from keras_transformers.generation.loop import (
+    _choose_fn,
+    _compiled,
+    _decode_step,
+    _loop_index,
+    decode_loop,
+    initial_state,
 )
+from keras_transformers.generation.processors import LogitsSettings, initial_presence
 from keras_transformers.generation.prompts import (  # noqa: F401 (re-exported)
     _check_ids,
     _check_rows,
     _prompt_rows,
     pad_rows,
 )
-from keras_transformers.generation.sampling import next_token
 from keras_transformers.generation.settings import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_NEW_TOKENS,
     _max_new_tokens,
@@ -54,61 +53,6 @@ from keras_transformers.generation.settings import (  # noqa: F401 (re-exported)
 )
 
 BUCKET = 32
-
-
-def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
-    """The loop body: produce position `index` for every row.
-
-    `call(token_ids [B, 1], cache, cache_index) -> (logits [B, 1, V], cache)`
-    is one cached decoding step (default: `model.call_with_cache`). The
-    state is `(index, token_ids [B, L], cache, done [B], generated [B, L],
-    seen [B, V])` (see `processors`); `consts` is `(prompt_mask [B, L],
-    limits [B], min_limits [B], uniforms [L, B])`."""
-    call = model.call_with_cache if call is None else call
-    settings = LogitsSettings() if settings is None else settings
-    stop = (
-        None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
-    )
-    stop_vocab = stop_mask(stop_ids, model.config.vocabulary_size)
-
-    def step(state, consts):
-        index, token_ids, cache, done, generated, seen = state
-        prompt_mask, limits, min_limits, uniforms = consts
-        previous = _column(token_ids, index - 1)[:, None]  # [B, 1]
-        logits, cache = call(previous, cache, index - 1)  # [B, 1, V]
-        logits = ops.cast(logits[:, 0, :], "float32")  # [B, V]
-        logits = process_logits(logits, index, seen, min_limits, stop_vocab, settings)
-        if settings.forced_eos_token_id is not None:  # the last position
-            last = index + 1 >= limits
-            logits = force_token(logits, last, settings.forced_eos_token_id)
-        uniform = ops.take(uniforms, index, axis=0) if spec.random else None  # [B]
-        sampled = next_token(logits, uniform, spec)  # [B]
-        in_prompt = _column(prompt_mask, index)  # [B]
-        current = _column(token_ids, index)
-        token = ops.where(in_prompt, current, ops.where(done, pad_id, sampled))
-        new = ops.logical_and(ops.logical_not(in_prompt), ops.logical_not(done))
-        token_ids = backend.update_cache(token_ids, token[:, None], index)
-        generated = backend.update_cache(generated, new[:, None], index)
-        seen = update_presence(seen, token, new, settings)
-        finished = index + 1 >= limits
-        if stop is not None:
-            hit = ops.any(token[:, None] == stop[None, :], axis=-1)
-            finished = ops.logical_or(finished, ops.logical_and(new, hit))
-        done = ops.logical_or(
-            done, ops.logical_and(finished, ops.logical_not(in_prompt))
-        )
-        return index + 1, token_ids, cache, done, generated, seen
-
-    return step
-
-
-def _column(x, index):
-    """`x [B, L]` at position `index` -> `[B]`: `ops.slice`, or under
-    `torch.compile` (a compiled step's tensor position) `ops.take`, which
-    it traces (Keras' PyTorch slice reads a tensor start on the host)."""
-    if backend.torch_compiling():
-        return ops.take(x, index, axis=1)
-    return ops.slice(x, (0, index), (x.shape[0], 1))[:, 0]
 
 
 def _prefix_length(config, min_length, length):
@@ -121,77 +65,63 @@ def _prefix_length(config, min_length, length):
     prefix of the shortest prompt rounded down; the loop then feeds the
     remaining prompt tokens one by one, starting at position `prefix + 1`.
     Static lengths: one compiled program per bucket. Eager loops (PyTorch)
-    have no program to share: they prefill exactly the shortest prompt but
-    its last token, as Hugging Face does."""
+    have no program to share: they prefill exactly the shortest prompt, as
+    Hugging Face does."""
     if backend.eager_loops():
-        return min_length - 1
+        return min_length
     if config.sliding_window is None:
         prefix = -(-min_length // BUCKET) * BUCKET
         return None if prefix >= length else prefix
     return (min_length - 1) // BUCKET * BUCKET
 
 
-def _prefill(model, token_ids, prefix=None):
+def _prefill(model, token_ids, prefix=None, last=None):
     """A cache for the `[B, L]` buffer, filled with its first `prefix`
-    positions (all of them when `prefix` is None)."""
+    positions (all of them when `prefix` is None), and, given a position
+    `last` below `prefix`, the logits `[B, V]` there (else None)."""
     batch, length = token_ids.shape
     cache = model.backbone.init_cache(batch, length)
     if prefix is not None:
         if prefix == 0:
-            return cache
+            return cache, None
         token_ids = token_ids[:, :prefix]
-    _, cache = model.backbone(token_ids, cache=cache, cache_index=0)
-    return cache
+    hidden, cache = model.backbone(token_ids, cache=cache, cache_index=0)
+    if last is None:
+        return cache, None
+    hidden = ops.take(hidden, ops.reshape(last, (1,)), axis=1)  # [B, 1, H]
+    return cache, model.backbone.logits(hidden)[:, 0, :]
 
 
-def initial_state(start, token_ids, cache, seen):
-    """The loop state before the first step (see `_step_fn`)."""
-    done = ops.zeros((token_ids.shape[0],), "bool")
-    generated = ops.zeros(token_ids.shape, "bool")
-    return (start, token_ids, cache, done, generated, seen)
+def _covers_start(prefix, start):
+    """Whether the prefill reaches the position before `start`: then its
+    logits there choose position `start` and the loop begins one later
+    (no decoding step recomputes the last prompt token). Not for a
+    sliding window's shorter prefix (see `_prefix_length`)."""
+    return prefix is None or prefix >= start
 
 
-def decode_loop(step, state, consts, end):
-    """Runs `step` (from `_step_fn`) from the state's index to `end - 1`
-    inside one `ops.while_loop`, stopping once every row is done.
+def _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
+    """`begin(token_ids, seen, consts, start) -> state`: the prefill, then,
+    where `first` (see `_covers_start`), position `start` chosen from the
+    prefill's last logits (state and consts as in `_step_fn`)."""
+    choose = _choose_fn(model, spec, stop_ids, pad_id, settings)
 
-    Returns the final state; its `token_ids [B, L]` and `generated [B, L]`
-    (True where the loop wrote a new token) are items 1 and 4."""
+    def begin(token_ids, seen, consts, start):
+        cache, logits = _prefill(model, token_ids, prefix, start - 1 if first else None)
+        state = initial_state(start, token_ids, cache, seen)
+        return state if logits is None else choose(logits, state, consts)
 
-    def cond(index, token_ids, cache, done, generated, seen):
-        return ops.logical_and(index < end, ops.logical_not(ops.all(done)))
-
-    def body(*state):
-        return step(state, consts)
-
-    return backend.while_loop(cond, body, tuple(state))
+    return begin
 
 
-def _decode_step(model, spec, stop_ids, pad_id, settings):
-    """`_step_fn`'s step, compiled on its own where the model decodes with a
-    compiled step (PyTorch with `jit_compile=True`; its position is then a
-    tensor, see `_loop_index`)."""
-    step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
-    return compile_step(step) if compiled_decoding(model) else step
-
-
-def _loop_index(model, value):
-    """The loop's start position: a tensor for a compiled step (one program
-    for every position), else `backend.loop_index`."""
-    if compiled_decoding(model):
-        return ops.convert_to_tensor(value, "int32")
-    return backend.loop_index(value)
-
-
-def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings):
+def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
+    begin = _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first)
     step = _decode_step(model, spec, stop_ids, pad_id, settings)
 
     def run(token_ids, seen, prompt_mask, limits, min_limits, uniforms, start, end):
-        cache = _prefill(model, token_ids, prefix)
         consts = (prompt_mask, limits, min_limits, uniforms)
-        state = decode_loop(
-            step, initial_state(start, token_ids, cache, seen), consts, end
-        )
+        state = begin(token_ids, seen, consts, start)
+        state = decode_loop(step, state, consts, end)
         return state[1], state[4]
 
     return run
@@ -313,6 +243,7 @@ def generate(
     shortest = int(lengths.min())
     prefix = _prefix_length(config, shortest, length)
     start = shortest if prefix is None else min(shortest, prefix + 1)
+    first = _covers_start(prefix, start)
     args = [token_ids, seen, prompt_mask, limits, min_limits, uniforms]
     args = [ops.convert_to_tensor(a) for a in args]
     key = (spec, settings)
@@ -322,10 +253,10 @@ def generate(
     if stream is None and checker is None:
         fn = _compiled(
             model,
-            "loop" if prefix is None else ("loop", prefix),
+            ("loop", prefix, first),
             key,
             stop_ids,
-            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix, settings),
+            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix, settings, first),
         )
         out_ids, generated = fn(
             *args, _loop_index(model, start), backend.loop_index(total)
@@ -339,37 +270,29 @@ def generate(
             stop_ids,
             args,
             (start, total),
-            prefix,
+            (prefix, first),
             stream,
             checker,
         )
     return _finish(model, out_ids, generated, prompt_mask, was_text, single, checker)
 
 
-def _compiled(model, kind, spec, stop_ids, make):
-    """Compiled functions are kept on the model, one per sampler setting."""
-    store = model.__dict__.setdefault("_generate_functions", {})
-    key = (kind, spec, stop_ids, compiled_decoding(model))
-    if key not in store:
-        policy = model.dtype_policy
-        direct = policy.compute_dtype == policy.variable_dtype  # no autocasting
-        store[key] = compile_function(make(), model.variables, direct_calls=direct)
-    return store[key]
-
-
-def _chunked(model, key, stop_ids, args, span, prefix, callback, checker):
+def _chunked(model, key, stop_ids, args, span, prefill, callback, checker):
     """Runs the loop a chunk of positions at a time (one when streaming):
     between chunks, new tokens go to `callback` and `checker` (stop
-    strings) marks rows done. Returns NumPy `(token_ids, generated)`."""
+    strings) marks rows done. `prefill` is `(prefix, first)` (see
+    `_prefix_length`, `_covers_start`). Returns NumPy `(token_ids,
+    generated)`."""
     spec, settings = key
     token_ids, seen, *consts = args
     pad_id = model.config.pad_token_id
-    prefill = _compiled(
+    prefix, first = prefill
+    begin = _compiled(
         model,
-        "prefill" if prefix is None else ("prefill", prefix),
-        None,
-        (),
-        lambda: lambda ids: _prefill(model, ids, prefix),
+        ("begin", prefix, first),
+        key,
+        stop_ids,
+        lambda: _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first),
     )
     chunk = _compiled(
         model,
@@ -378,30 +301,33 @@ def _chunked(model, key, stop_ids, args, span, prefix, callback, checker):
         stop_ids,
         lambda: _chunk_fn(model, spec, stop_ids, pad_id, settings),
     )
-    start, end = span
-    size = 1 if callback is not None else stop_strings_module.CHUNK
-    state = initial_state(
-        _loop_index(model, start), token_ids, prefill(token_ids), seen
-    )
-    position = start
-    while position < end:
-        stop_at = min(position + size, end)
-        state = chunk(tuple(state), tuple(consts), backend.loop_index(stop_at))
-        ids = np.asarray(ops.convert_to_numpy(state[1]))
-        generated = np.asarray(ops.convert_to_numpy(state[4]))
-        done = np.asarray(ops.convert_to_numpy(state[3]))
-        if callback is not None:
-            new = generated[:, position]
-            if new.any():
-                callback(np.where(new, ids[:, position], -1))
+
+    def report(state, written):
+        """Hands position `written` to `callback`, stops rows at a stop
+        string; returns the state and its NumPy ids, generated, done."""
+        ids, done, generated = (
+            np.asarray(ops.convert_to_numpy(state[i])) for i in (1, 3, 4)
+        )
+        new = generated[:, written]
+        if callback is not None and new.any():
+            callback(np.where(new, ids[:, written], -1))
         if checker is not None:
             stopped = checker.update(ids, generated)
             if stopped:
                 done[stopped] = True
                 state = (*state[:3], ops.convert_to_tensor(done), *state[4:])
+        return state, ids, generated, done
+
+    start, end = span
+    size = 1 if callback is not None else stop_strings_module.CHUNK
+    state = begin(token_ids, seen, tuple(consts), _loop_index(model, start))
+    position = start + 1 if first else start  # the next position to write
+    state, ids, generated, done = report(state, position - 1)
+    while position < end and not done.all():
+        stop_at = min(position + size, end)
+        state = chunk(tuple(state), tuple(consts), backend.loop_index(stop_at))
+        state, ids, generated, done = report(state, stop_at - 1)
         position = stop_at
-        if done.all():
-            break
     if checker is not None:
         checker.trim(generated)
     return ids, generated

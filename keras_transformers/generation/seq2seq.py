@@ -31,16 +31,18 @@ from keras_transformers.generation.config import generation_config, resolve_samp
 from keras_transformers.generation.generate import (
     BUCKET,
     _check_ids,
-    _compiled,
-    _loop_index,
     _pick,
     _prompt_rows,
-    _step_fn,
     _stop_ids,
     check_run_arguments,
+    pad_rows,
+)
+from keras_transformers.generation.loop import (
+    _compiled,
+    _loop_index,
+    _step_fn,
     decode_loop,
     initial_state,
-    pad_rows,
 )
 from keras_transformers.generation.processors import LogitsSettings, initial_presence
 
