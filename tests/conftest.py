@@ -26,6 +26,36 @@ if keras.config.backend() == "jax":
     jax.config.update("jax_default_matmul_precision", "highest")
 
 
+# The files that take longest (on 2 CPU cores, summed over the backends)
+# run first: pytest-xdist hands whole files to its workers in collection
+# order, so the files handed out last are short and no worker idles while
+# the other finishes a long one.
+SLOW_FILES = (
+    "test_docs.py",
+    "test_compiled.py",
+    "test_cli_resume.py",
+    "test_bench_harness.py",
+    "test_finetune_pretrained.py",
+    "test_examples_vit.py",
+    "test_generate_text.py",
+    "test_examples_translate.py",
+    "test_mixtral.py",
+    "test_examples_transformer_xl.py",
+    "test_atomic_save.py",
+    "test_distribution.py",
+    "test_hf_tokenizer.py",
+    "test_cli.py",
+    "test_resume.py",
+    "test_seq2seq.py",
+    "test_gpt.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_reset():
     """Every test starts from the same seeds and the float32 policy."""
