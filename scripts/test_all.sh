@@ -2,7 +2,8 @@
 # Installs the package with its test extras, then runs the whole test suite
 # once per Keras backend (each in its own processes). Tests marked `large`
 # run once, on JAX. Test files are spread over every core (pytest-xdist,
-# one worker per core; each file's tests stay in one worker). Exits
+# one worker per core; each file's tests stay in one worker), handed out in
+# collection order: the longest files first (tests/conftest.py). Exits
 # non-zero if any backend fails or runs no test (pytest's exit code 5,
 # "no tests ran", counts as a failure).
 set -uo pipefail
@@ -14,7 +15,7 @@ for backend in jax tensorflow torch; do
     [ "$backend" = jax ] || marker=(-m "not large")
     echo "=== KERAS_BACKEND=${backend} ==="
     KERAS_BACKEND=${backend} python -m pytest -q -p no:cacheprovider \
-        -n auto --dist loadfile "${marker[@]}" "$@"
+        -n auto --dist loadfile --no-loadscope-reorder "${marker[@]}" "$@"
     rc=$?
     if [ "$rc" -ne 0 ]; then
         [ "$rc" -eq 5 ] && why="no test ran" || why="failures"

@@ -27,9 +27,11 @@ if keras.config.backend() == "jax":
 
 
 # The files that take longest (on 2 CPU cores, summed over the backends)
-# run first: pytest-xdist hands whole files to its workers in collection
-# order, so the files handed out last are short and no worker idles while
-# the other finishes a long one.
+# run first: pytest-xdist (with `--no-loadscope-reorder`, as
+# scripts/test_all.sh runs it) hands whole files to its workers in
+# collection order, so the files handed out last are short and no worker
+# idles while the other finishes a long one. (Its default order, by number
+# of tests per file, left the one-test example files for the end.)
 SLOW_FILES = (
     "test_docs.py",
     "test_compiled.py",
