@@ -7,12 +7,13 @@ at that prompt's last token choose the next position (`_begin_fn`); the
 loop (`loop.py`) then produces position `i` from position `i - 1`, keeping
 prompt tokens where a row's prompt is longer than the shortest one. A
 sliding-window model's rolling cache is filled with a bucketed prefix of
-the shortest prompt only (see `_prefix_length`). Shapes are static, so XLA compiles the loop once per
-bucket (JAX and TensorFlow); PyTorch runs it eagerly without autograd,
-prefilling only the shortest prompt, with a Python-int position (see
-`backend.while_loop`), or, for a model compiled with
-`jit_compile=True`, as a Python loop over one `torch.compile`d step with a
-tensor position over the same fixed-size cache (`loop._decode_step`).
+the shortest prompt only (see `_prefix_length`). Shapes are static, so XLA
+compiles the loop once per bucket (JAX and TensorFlow); PyTorch runs it
+eagerly without autograd, prefilling only the shortest prompt, with a
+Python-int position (see `backend.while_loop`), or, for a model compiled
+with `jit_compile=True`, as a Python loop over one `torch.compile`d step
+with a tensor position over the same fixed-size cache
+(`loop._decode_step`).
 
 Each step runs the logits processors (`processors.py`: repetition penalty,
 minimum length) before the sampler. Streaming and stop strings run the same
