@@ -283,3 +283,20 @@ def test_torch_compiled_train_step_is_one_graph_without_breaks(backend):
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert set(logs) == {"loss", "sparse_categorical_accuracy"}
     assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_compiled_training_refuses_torch_that_drops_router_losses():
+    """Before torch 2.13 a compiled step leaves `add_loss` losses out: a
+    model whose MoE layers add router losses is refused there, with the
+    fix; a dense model, or one whose router-loss coefficients are zero,
+    is not."""
+    from keras_transformers.backend.compiled import check_losses_survive_compiling
+
+    moe = MixtralCausalLM.from_preset("mixtral_tiny", num_layers=2)
+    with pytest.raises(ValueError, match=r"torch>=2.13, or compile with jit_compile"):
+        check_losses_survive_compiling(moe, "2.11.0+cu130")
+    check_losses_survive_compiling(moe, "2.13.0+cpu")
+    check_losses_survive_compiling(GPTCausalLM.from_preset("gpt2_tiny"), "2.11.0")
+    quiet = {"moe": {"router_aux_loss_coef": 0.0, "router_z_loss_coef": 0.0}}
+    silent = MixtralCausalLM.from_preset("mixtral_tiny", num_layers=1, **quiet)
+    check_losses_survive_compiling(silent, "2.11.0")

@@ -76,6 +76,8 @@ def train_function(model, force=False, check_inputs=None):
         return model.train_function
     import torch
 
+    check_losses_survive_compiling(model, torch.__version__)
+
     def forward_and_loss(x, y, sample_weight):
         y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
         loss = model._compute_loss(
@@ -111,6 +113,30 @@ def train_function(model, force=False, check_inputs=None):
 
     model.train_function = one_step_on_data
     return one_step_on_data
+
+
+def check_losses_survive_compiling(model, torch_version):
+    """Raises if `model` has layers that add losses (`add_loss`: the MoE
+    router's load-balancing and z-losses) and `torch_version` is older than
+    2.13: there `torch.compile` drops those losses from the compiled step
+    (seen on torch 2.11, on CPU and CUDA: the loss of a compiled MoE step
+    lacked its router loss), so training would silently leave them out."""
+    major, minor = (int(part) for part in torch_version.split(".")[:2])
+    if (major, minor) >= (2, 13):
+        return
+    adders = [
+        layer.name
+        for layer in model._flatten_layers()
+        if getattr(layer, "router_aux_loss_coef", 0)
+        or getattr(layer, "router_z_loss_coef", 0)
+    ]
+    if adders:
+        raise ValueError(
+            f"torch {torch_version} leaves the router losses of {adders[0]} "
+            f"(and {len(adders) - 1} more layers) out of a `torch.compile`d "
+            "training step. Install torch>=2.13, or compile with "
+            "jit_compile=False."
+        )
 
 
 def compiled_decoding(model) -> bool:
