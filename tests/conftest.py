@@ -11,10 +11,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Training commands run in-process here: they must not change the test
 # process's allocator (tests/test_host_memory.py checks it in subprocesses).
 os.environ.setdefault("KERAS_TRANSFORMERS_RETAIN_MEMORY", "0")
+# pytest-xdist runs one worker per core: PyTorch (and NumPy's BLAS) then
+# take one thread in each worker and in the commands tests start, so two
+# workers never run more threads than there are cores (PyTorch's OpenMP
+# threads spin while they wait: the Transformer-XL example took 520 s on
+# PyTorch beside another worker's job, 61 s alone).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from contracts import jax_test_cache  # noqa: E402
 
 if keras.config.backend() == "jax":
     import jax
@@ -24,6 +32,26 @@ if keras.config.backend() == "jax":
     # float32) need full float32, as PyTorch and TensorFlow compute it by
     # default. A no-op on CPU. (README: "GPUs and TPUs".)
     jax.config.update("jax_default_matmul_precision", "highest")
+    # Tests run tiny models, so compiling is most of their time on CPU
+    # (measured: two thirds of tests/test_gpt.py + test_bert.py). In the
+    # test processes (and toy-size example runs, `contracts.toy_run_env`;
+    # not the README's job): skip XLA's costly LLVM passes, keep programs
+    # in a cache the xdist workers share, across runs too (identical tiny
+    # models recur in many tests; `contracts.jax_test_cache`).
+    jax.config.update("jax_disable_most_optimizations", True)
+    if jax_test_cache() is not None:
+        jax.config.update("jax_compilation_cache_dir", jax_test_cache())
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        # No size limit: with one, every write lists and stats the whole
+        # folder under a lock shared by the workers (thousands of entries).
+elif keras.config.backend() == "tensorflow":
+    import tensorflow as tf
+
+    # Likewise, TensorFlow optimizes every traced graph (Grappler) before
+    # its first run; tiny models gain nothing from it. Measured: a quarter
+    # of test_cli_resume's time.
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 # The files that take longest (on 2 CPU cores, summed over the backends)

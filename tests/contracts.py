@@ -11,6 +11,28 @@ import keras
 import numpy as np
 
 
+def jax_test_cache():
+    """The folder where JAX test processes keep compiled programs (shared
+    by the xdist workers and across runs), or None:
+    KERAS_TRANSFORMERS_JAX_TEST_CACHE names it, or is "off"."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "kt_jax_tests")
+    cache = os.environ.get("KERAS_TRANSFORMERS_JAX_TEST_CACHE", default)
+    return None if cache == "off" else cache
+
+
+def toy_run_env(**extra):
+    """The environment of a subprocess that runs an example at toy size,
+    where compiling is most of the time: on JAX it skips XLA's costly LLVM
+    passes and uses the tests' compilation cache (the other backends ignore
+    these variables). Not for a run whose steps take the time."""
+    env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", **extra}
+    if jax_test_cache() is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = jax_test_cache()
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return env
+
+
 def to_numpy(x):
     if isinstance(x, dict):
         return {k: to_numpy(v) for k, v in x.items()}

@@ -1,7 +1,6 @@
 """examples/train_transformer_xl.py runs end to end at a small size: both
 models train, the longer evaluation memories and the speed comparison print."""
 
-import os
 import re
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import keras
 import pytest
+from contracts import toy_run_env
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train_transformer_xl.py"
 
@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "train_transformer_xl.py"
 def test_memory_and_no_memory_models_train_and_report():
     args = "--max-chars 20000 --vocabulary-size 300 --segment 8 --memory 8"
     args += " --eval-memories 16 --batch-size 4 --epochs 1"
-    env = dict(os.environ, KERAS_BACKEND=keras.config.backend())
+    env = toy_run_env(KERAS_BACKEND=keras.config.backend())
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), *args.split()],
         capture_output=True,

@@ -1,13 +1,13 @@
 """examples/translate.py runs end to end on the generated numbers task (no
 data needed), with T5's architecture and its span-corruption pretraining."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import keras
 import pytest
+from contracts import toy_run_env
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "translate.py"
 
@@ -20,7 +20,7 @@ def test_t5_text_to_text_with_span_corruption_runs(tmp_path):
         f"--steps-per-epoch 3 --batch-size 16 --test-sentences 4 {tiny} "
         f"--output {tmp_path / 'model'}"
     ).split()
-    env = dict(os.environ, KERAS_BACKEND=keras.config.backend())
+    env = toy_run_env(KERAS_BACKEND=keras.config.backend())
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), *command],
         capture_output=True,

@@ -3,12 +3,12 @@ once, on JAX)."""
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from contracts import toy_run_env
 
 from keras_transformers.data.images import FASHION_MNIST_DIR
 
@@ -27,7 +27,7 @@ def test_train_vit_example_runs(tmp_path):
     args += " --finetune-epochs 1 --finetune-samples 80"
     run = subprocess.run(
         [sys.executable, str(SCRIPT), *args.split(), "--output", str(tmp_path)],
-        env={**os.environ},
+        env=toy_run_env(),
         capture_output=True,
         text=True,
     )

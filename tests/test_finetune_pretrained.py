@@ -10,7 +10,6 @@ tokenizer trained here (`vocab.json` + `merges.txt` beside it).
 import contextlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from contracts import toy_run_env
 
 import keras_transformers
 from keras_transformers import cli
@@ -278,7 +278,7 @@ def _needs_tweets():
 
 
 def _example(name, *argv):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = toy_run_env(TF_CPP_MIN_LOG_LEVEL="3")
     command = [sys.executable, str(ROOT / "examples" / name), *argv]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,7 +7,7 @@ MoE every k-th layer and configuration errors. The decoder contract
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, to_numpy
+from contracts import assert_close, to_numpy, toy_run_env
 
 import keras_transformers as kt
 from keras_transformers.layers import FeedForward, SparseMoE
@@ -139,7 +139,6 @@ def test_train_mixtral_example_runs(tmp_path):
     """examples/train_mixtral.py end to end at toy size: both models train,
     the comparison and the expert-load curve are written."""
     import json
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -149,7 +148,7 @@ def test_train_mixtral_example_runs(tmp_path):
     subprocess.run(
         [sys.executable, str(script), *args.split(), "--output", str(tmp_path)],
         check=True,
-        env={**os.environ},
+        env=toy_run_env(),
         capture_output=True,
     )
     results = json.loads((tmp_path / "results.json").read_text())
