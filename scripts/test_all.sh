@@ -2,9 +2,10 @@
 # Installs the package with its test extras, then runs the whole test suite
 # once per Keras backend (each in its own processes). Tests marked `large`
 # run once, on PyTorch (eager: no compilation, so the toy-size example runs
-# take the least time there; the README's main job sets its own backend). Test files are spread over every core (pytest-xdist,
-# one worker per core; each file's tests stay in one worker), handed out in
-# collection order: the longest files first (tests/conftest.py). Exits
+# take the least time there; the README's main job sets its own backend).
+# Test files are spread over every core (pytest-xdist, one worker per core;
+# each file's tests stay in one worker), handed out in collection order:
+# the longest files first (tests/conftest.py). Exits
 # non-zero if any backend fails or runs no test (pytest's exit code 5,
 # "no tests ran", counts as a failure).
 set -uo pipefail

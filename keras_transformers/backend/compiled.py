@@ -132,10 +132,10 @@ def check_losses_survive_compiling(model, torch_version):
     ]
     if adders:
         raise ValueError(
-            f"torch {torch_version} leaves the router losses of {adders[0]} "
-            f"(and {len(adders) - 1} more layers) out of a `torch.compile`d "
-            "training step. Install torch>=2.13, or compile with "
-            "jit_compile=False."
+            f"torch {torch_version} leaves the router losses of "
+            f"{len(adders)} layer(s) ({', '.join(adders[:3])}) out of a "
+            "`torch.compile`d training step. Install torch>=2.13, or compile "
+            "with jit_compile=False."
         )
 
 
