@@ -22,7 +22,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from contracts import jax_test_cache  # noqa: E402
+from contracts import jax_test_settings  # noqa: E402
 
 if keras.config.backend() == "jax":
     import jax
@@ -35,16 +35,9 @@ if keras.config.backend() == "jax":
     # Tests run tiny models, so compiling is most of their time on CPU
     # (measured: two thirds of tests/test_gpt.py + test_bert.py). In the
     # test processes (and toy-size example runs, `contracts.toy_run_env`;
-    # not the README's job): skip XLA's costly LLVM passes, keep programs
-    # in a cache the xdist workers share, across runs too (identical tiny
-    # models recur in many tests; `contracts.jax_test_cache`).
-    jax.config.update("jax_disable_most_optimizations", True)
-    if jax_test_cache() is not None:
-        jax.config.update("jax_compilation_cache_dir", jax_test_cache())
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        # No size limit: with one, every write lists and stats the whole
-        # folder under a lock shared by the workers (thousands of entries).
+    # not the README's job): `contracts.jax_test_settings`.
+    for name, value in jax_test_settings().items():
+        jax.config.update(name, value)
 elif keras.config.backend() == "tensorflow":
     import tensorflow as tf
 

@@ -11,26 +11,30 @@ import keras
 import numpy as np
 
 
-def jax_test_cache():
-    """The folder where JAX test processes keep compiled programs (shared
-    by the xdist workers and across runs), or None:
-    KERAS_TRANSFORMERS_JAX_TEST_CACHE names it, or is "off"."""
+def jax_test_settings():
+    """JAX's settings for test processes, as `jax.config` names and values:
+    XLA's costly LLVM passes off, and (unless
+    KERAS_TRANSFORMERS_JAX_TEST_CACHE is "off"; it may name the folder) a
+    compilation cache shared by the xdist workers and across runs. No
+    cache size limit: with one, every write lists and stats the whole
+    folder under a lock the workers share (thousands of entries)."""
+    settings = {"jax_disable_most_optimizations": True}
     default = os.path.join(os.path.expanduser("~"), ".cache", "kt_jax_tests")
     cache = os.environ.get("KERAS_TRANSFORMERS_JAX_TEST_CACHE", default)
-    return None if cache == "off" else cache
+    if cache != "off":
+        settings["jax_compilation_cache_dir"] = cache
+        settings["jax_persistent_cache_min_compile_time_secs"] = 0
+        settings["jax_persistent_cache_min_entry_size_bytes"] = 0
+    return settings
 
 
 def toy_run_env(**extra):
     """The environment of a subprocess that runs an example at toy size,
-    where compiling is most of the time: on JAX it skips XLA's costly LLVM
-    passes and uses the tests' compilation cache (the other backends ignore
-    these variables). Not for a run whose steps take the time."""
-    env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", **extra}
-    if jax_test_cache() is not None:
-        env["JAX_COMPILATION_CACHE_DIR"] = jax_test_cache()
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    return env
+    where compiling is most of the time: `jax_test_settings()` as JAX's
+    environment variables (the other backends ignore them). Not for a run
+    whose steps take the time."""
+    jax_env = {name.upper(): str(value) for name, value in jax_test_settings().items()}
+    return {**os.environ, **jax_env, **extra}
 
 
 def to_numpy(x):
