@@ -29,6 +29,18 @@ def run(optimizer, steps=6, seed=0):
     return [ops.convert_to_numpy(v) for v in variables], optimizer
 
 
+@pytest.fixture(params=["fused", "multi_tensor"])
+def kernels(request, monkeypatch):
+    """Both PyTorch update paths on this CPU: the fused kernel (CPU) and the
+    multi-tensor kernels (GPU), the latter by taking the CPU off the fused
+    kernel's devices. Other backends: Keras' update, the same either way."""
+    if request.param == "multi_tensor":
+        from keras_transformers.backend import optimizer
+
+        monkeypatch.setattr(optimizer, "FUSED_DEVICES", ())
+    return request.param
+
+
 @pytest.mark.parametrize(
     "ours, theirs, kwargs",
     [
@@ -39,6 +51,8 @@ def run(optimizer, steps=6, seed=0):
             dict(learning_rate=0.1, beta_2=0.95, clipnorm=1.0),
         ),
         (Adam, keras.optimizers.Adam, dict(learning_rate=3e-3, epsilon=1e-9)),
+        # An epsilon the size of sqrt(v): where it sits in the update shows.
+        (Adam, keras.optimizers.Adam, dict(learning_rate=1e-2, epsilon=0.5)),
         (Adam, keras.optimizers.Adam, dict(learning_rate=1e-2, amsgrad=True)),
         (
             AdamW,
@@ -47,7 +61,7 @@ def run(optimizer, steps=6, seed=0):
         ),
     ],
 )
-def test_same_updates_as_keras(ours, theirs, kwargs):
+def test_same_updates_as_keras(ours, theirs, kwargs, kernels):
     mine, optimizer = run(ours(**kwargs))
     reference, _ = run(theirs(**kwargs))
     for a, b in zip(mine, reference):
@@ -56,6 +70,23 @@ def test_same_updates_as_keras(ours, theirs, kwargs):
     assert int(ops.convert_to_numpy(optimizer.iterations)) == 6 // kwargs.get(
         "gradient_accumulation_steps", 1
     )
+
+
+def test_weight_decay_skips_excluded_variables_as_keras_does(kernels):
+    """The decoupled decay, which the PyTorch update folds into its kernel,
+    leaves out the variables Keras would (`exclude_from_weight_decay`)."""
+
+    def excluding(cls):
+        optimizer = cls(learning_rate=1e-2, weight_decay=0.2)
+        optimizer.exclude_from_weight_decay(var_names=["v1"])
+        return optimizer
+
+    mine, _ = run(excluding(AdamW))
+    reference, _ = run(excluding(keras.optimizers.AdamW))
+    decayed_everywhere, _ = run(keras.optimizers.AdamW(1e-2, weight_decay=0.2))
+    for a, b in zip(mine, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(mine[1], decayed_everywhere[1], rtol=1e-5, atol=1e-6)
 
 
 def test_schedule_and_serialization():

@@ -49,12 +49,20 @@ class _InPlaceUpdate:
         for variable in variables:
             self._use_weight_decay(variable)
 
+    def _in_place(self):
+        return not self.amsgrad and keras.config.backend() == "torch"
+
+    def _apply_weight_decay(self, variables):
+        if not self._in_place():  # else `adam_update` decays with the update
+            super()._apply_weight_decay(variables)
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if self.amsgrad or keras.config.backend() != "torch":
+        if not self._in_place():
             return super()._backend_update_step(
                 grads, trainable_variables, learning_rate
             )
         slots = [self._get_variable_index(v) for v in trainable_variables]
+        rate = self.weight_decay or 0.0
         adam_update(
             trainable_variables,
             grads,
@@ -64,6 +72,7 @@ class _InPlaceUpdate:
             self.iterations + 1,
             (self.beta_1, self.beta_2),
             self.epsilon,
+            [rate if self._use_weight_decay(v) else 0.0 for v in trainable_variables],
         )
 
 
@@ -73,12 +82,13 @@ class Adam(_InPlaceUpdate, keras.optimizers.Adam):
     config) whose PyTorch update runs in place.
 
     Keras' PyTorch Adam allocates five temporaries the size of each
-    variable per step; on CPU every one is a fresh allocation that the
-    kernel page-faults in. This one allocates one
-    (`backend.optimizer.adam_update`), with multi-tensor kernels over all
-    variables (one launch per operation on a GPU): the optimizer step takes
-    about half the time (Mixtral benchmark layout, 17.6M parameters: 0.03
-    vs 0.06 s on CPU, ~4% of the training step). Other backends, and
+    variable per step, and on a CPU every one is a fresh allocation that
+    the kernel page-faults in. This one (`backend.optimizer.adam_update`)
+    runs PyTorch's fused Adam kernel on a CPU, one pass over each variable
+    and its two slots with the weight decay folded in (BERT-base, 109M
+    weights, on a 2-core CPU: 0.15 s per update against Keras' 1.55 s and
+    `torch.optim.AdamW`'s default 0.51 s), and multi-tensor kernels on a
+    GPU (one launch per operation for all variables). Other backends, and
     `amsgrad=True`, use Keras' update unchanged (XLA fuses it). Results
     agree with Keras' to float32 rounding.
     """
