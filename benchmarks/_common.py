@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quieter TensorFlow/XLA sta
 LEARNING_RATE = 1e-4
 _KERAS_ADAMW = [False]  # --keras-adamw: Keras' own AdamW for the Keras contenders
 _KERAS_LOSS = [False]  # --keras-loss: Keras' own sparse cross-entropy
+_HF_FUSED_ADAMW = [False]  # --hf-fused-adamw: torch.optim.AdamW(fused=True) for HF
 WEIGHT_DECAY = 0.01
 
 TORCH_THREADS_HELP = (
@@ -116,6 +117,9 @@ def run_meta(backend, torch, sizes, args, argv=None):
         "keras_optimizer": "keras.optimizers.AdamW"
         if args.keras_adamw
         else "keras_transformers.training.AdamW",
+        "hf_optimizer": "torch.optim.AdamW(fused=True)"
+        if args.hf_fused_adamw
+        else "torch.optim.AdamW",
         "keras_loss": "keras.losses.SparseCategoricalCrossentropy"
         if args.keras_loss
         else "keras_transformers.training.MaskedSparseCategoricalCrossentropy",

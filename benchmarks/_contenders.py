@@ -15,6 +15,7 @@ import dataclasses
 import resource
 import sys
 
+import _common
 import numpy as np
 from _common import LEARNING_RATE, WEIGHT_DECAY, Skip, keras_loss, keras_optimizer
 
@@ -244,7 +245,8 @@ class HF(Contender):
     """Hugging Face transformers in eager PyTorch (sdpa attention), on CUDA
     when PyTorch sees a GPU; bfloat16 is `model.to(torch.bfloat16)`. A step
     is forward with labels, backward and a `torch.optim.AdamW` step with the
-    Keras contenders' learning rate and weight decay."""
+    Keras contenders' learning rate and weight decay (PyTorch's default
+    implementation, a per-tensor loop on a CPU; `--hf-fused-adamw`: fused)."""
 
     name = "hf"
     uses_torch = True
@@ -261,7 +263,10 @@ class HF(Contender):
         dtype = torch.bfloat16 if env.dtype == "bfloat16" else torch.float32
         self.model = model.to(device=self.device, dtype=dtype)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+            self.model.parameters(),
+            lr=LEARNING_RATE,
+            weight_decay=WEIGHT_DECAY,
+            fused=_common._HF_FUSED_ADAMW[0] or None,  # None: PyTorch's default
         )
         self.inputs = {k: self.tensor(v, dtype) for k, v in batch.hf.items()}
         if row.kind == "moe":  # the router's load-balancing loss, as ours

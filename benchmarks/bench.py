@@ -112,8 +112,15 @@ def parse_args(argv=None):
         action="store_true",
         help="keras.losses.SparseCategoricalCrossentropy for the Keras contenders",
     )
+    p.add_argument(
+        "--hf-fused-adamw",
+        action="store_true",
+        help="torch.optim.AdamW(fused=True) for Hugging Face (default: PyTorch's "
+        "choice, a per-tensor loop on a CPU)",
+    )
     args = p.parse_args(argv)
     _common._KERAS_ADAMW[0], _common._KERAS_LOSS[0] = args.keras_adamw, args.keras_loss
+    _common._HF_FUSED_ADAMW[0] = args.hf_fused_adamw
     args.contenders = [c for c in args.contenders.split(",") if c]
     for name in args.contenders:
         if name not in CONTENDERS:
