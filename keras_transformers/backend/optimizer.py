@@ -76,8 +76,9 @@ def _fused_cpu(var, g, m, v, lr, step, betas, epsilon, decay):
     109M weights on a 2-core CPU: 0.12-0.14 s against 0.38 s plus a decay
     pass). PyTorch adds epsilon after dividing by the bias correction
     `sqrt(1 - beta_2^t)`, Keras before: passing `epsilon / sqrt(1 -
-    beta_2^t)` gives Keras' update. That needs the step count on the host, free on a CPU (a GPU
-    would wait for it: the multi-tensor kernels serve there)."""
+    beta_2^t)` gives Keras' update. That needs the step count on the host,
+    free on a CPU (a GPU would wait for it: the multi-tensor kernels serve
+    there)."""
     import torch
 
     beta_1, beta_2 = betas
