@@ -136,12 +136,13 @@ def test_dispatch_layouts_multiply_each_row_by_its_expert(rng, layout):
 
 
 @pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's CPU chunk loops")
-@pytest.mark.parametrize("chunks", [None, (8, 4)])
+@pytest.mark.parametrize("chunks", [None, (8, 4), (32, 4)])
 @pytest.mark.parametrize("sizes", [(0, 19, 1, 0, 20), (8, 8, 0, 16, 8)])
 def test_chunk_loop_grouped_matmul_and_its_gradients(rng, sizes, chunks):
-    """Empty groups, groups ending mid-chunk, several whole chunks and
-    remainders of every size: each row times its group's kernel, and the
-    custom VJP's gradients equal autodiff's of that per-row product."""
+    """Empty groups, groups ending mid-chunk, several whole chunks, and
+    remainders in one or several binary-digit chunks: each row times its
+    group's kernel, and the custom VJP's gradients equal autodiff's of that
+    per-row product."""
     import jax
 
     from keras_transformers.backend.jax_grouped import grouped_matmul
