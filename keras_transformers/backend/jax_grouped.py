@@ -10,10 +10,11 @@ a kernel per block and, under autodiff, writes a kernel gradient per block
 Here a `lax.scan` walks the groups in order (one compiled body for all of
 them). A group's rows are multiplied by its kernel in whole chunks of
 `big` rows (a `fori_loop` with a run-time trip count), then the rest,
-rounded up to `small` rows, in at most one chunk of each of 8, 4, 2 and 1
-x `small` rows: products of hundreds of rows, which XLA:CPU runs near its
-peak (a 64-row product runs at about half the rate of a 256-row one), and
-less than `small` rows of padding per group. A custom VJP computes the
+rounded up to `small` rows, in binary digits: at most one chunk of each
+power of two times `small` rows up to `big` (512, 256, 128 and 64 rows for
+an even share of 256). Products of hundreds of rows run near XLA:CPU's
+peak (a 64-row product at about half the rate of a 256-row one), and
+padding stays under `small` rows per group. A custom VJP computes the
 input gradient the same way and each kernel's gradient as one accumulator
 per group.
 
@@ -55,7 +56,8 @@ def _over_chunks(start, size, chunks, body, carry):
     """`body(start_row, num_rows, carry)` for each chunk of the group of
     `size` rows from `start`: its whole `big`-row chunks in a loop, then
     its remainder rounded up to `small` rows as at most one chunk of each
-    of `8, 4, 2, 1` x `small` rows (binary digits, each a `lax.cond`)."""
+    of `big / small, ..., 2, 1` x `small` rows (binary digits, each a
+    `lax.cond`)."""
     big, small = chunks
     carry = lax.fori_loop(
         0, size // big, lambda i, c: body(start + i * big, big, c), carry
