@@ -133,8 +133,13 @@ def _run_cases(name, backend, **env):
 
 @pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX meshes")
 def test_jax_eight_simulated_devices():
+    # Simulated devices are host (CPU) devices: on a GPU machine JAX would
+    # otherwise pick its one GPU and the cases would skip.
     _run_cases(
-        "jax_mesh_cases.py", "jax", XLA_FLAGS="--xla_force_host_platform_device_count=8"
+        "jax_mesh_cases.py",
+        "jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
     )
 
 
