@@ -16,10 +16,16 @@ from keras import ops
 from keras_transformers import backend, loading, lora, preset_io
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import train_function
+from keras_transformers.backend.jax_state import KeepsStateOnError
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
 from keras_transformers.layers.core import Dense, seeded_dropout
-from keras_transformers.models.inputs import check_not_empty, host_inputs
+from keras_transformers.models.inputs import (
+    ChecksDataIds,
+    check_id_range,
+    check_not_empty,
+    host_inputs,
+)
 from keras_transformers.training.random_state import SavesRandomState
 
 
@@ -121,19 +127,13 @@ def check_token_ids(
             f"{config.max_sequence_length}. Truncate the input, or load the preset "
             "with a larger `max_sequence_length` (learned position tables then grow)."
         )
+    hint = (
+        "Check that the tokenizer matches the model."
+        if limit is None
+        else f"Use ids below {limit_value} or a config with a larger {limit_name}."
+    )
     values = concrete_numpy(token_ids) if check_values else None
-    if values is not None and values.size:
-        low, high = int(values.min()), int(values.max())
-        if low < 0 or high >= limit_value:
-            bad = high if high >= limit_value else low
-            hint = (
-                "Check that the tokenizer matches the model."
-                if limit is None
-                else f"Use ids below {limit_value} or a config with a larger {limit_name}."
-            )
-            raise ValueError(
-                f"`{name}` contains id {bad}, outside [0, {limit_name}={limit_value}). {hint}"
-            )
+    check_id_range(values, name, limit_name, limit_value, hint)
     return ops.cast(token_ids, "int32")
 
 
@@ -269,7 +269,7 @@ def run_blocks(
     return x, tuple(caches)
 
 
-class ConfiguredModel(SavesRandomState, keras.Model):
+class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.Model):
     """Base of every model: holds `config`, derives `get_config()` from it,
     and carries the preset entry points. Saved weights include the state of
     its dropout seed generators, so training resumes exactly."""
@@ -332,10 +332,9 @@ class ConfiguredModel(SavesRandomState, keras.Model):
         return loading.load_model(handle, cls=cls, **overrides)
 
     def save_to_preset(self, directory):
-        """Writes config.json, model.weights.h5, metadata.json and the
-        tokenizer assets (if any) to `directory`; `from_preset(directory)`
-        restores everything. A LoRA model is saved merged (a plain preset);
-        a quantized model raises: save it before `quantize()`."""
+        """Writes config.json, model.weights.h5, metadata.json and the tokenizer
+        assets (if any) to `directory`; `from_preset(directory)` restores all.
+        A LoRA model is saved merged (a plain preset); a quantized one raises."""
         lora.check_savable(self)
         preset_io.save_model(self, directory)
 

@@ -5,7 +5,9 @@ empty, and images outside training must be finite.
 
 `ConfiguredModel.__call__` runs `host_inputs` on every call; the
 families' input checks (`check_token_ids`, `check_images`) call
-`check_not_empty` and `check_finite`.
+`check_not_empty`, `check_id_range` and `check_finite`; `ChecksDataIds`
+checks the token ids that `fit` / `evaluate` / `predict` get as NumPy
+arrays, which their compiled steps cannot read.
 """
 
 from __future__ import annotations
@@ -89,3 +91,46 @@ def check_finite(name: str, values) -> None:
             f"`{name}` contains NaN or infinite values. Check the data pipeline "
             "(e.g. a division by zero in preprocessing)."
         )
+
+
+def check_id_range(values, name: str, limit_name: str, limit: int, hint: str) -> None:
+    """Raises ValueError when integer `values` (NumPy) hold an id outside
+    `[0, limit)`; `hint` says what to do."""
+    if values is None or not values.size:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= limit:
+        bad = high if high >= limit else low
+        raise ValueError(
+            f"`{name}` contains id {bad}, outside [0, {limit_name}={limit}). {hint}"
+        )
+
+
+class ChecksDataIds:
+    """Mixin for the models: token ids given to `fit`, `evaluate` or
+    `predict` as NumPy arrays (bare, or under a `*token_ids` key of a dict)
+    are checked on the host first (one min / max per array); a compiled
+    step cannot read them, and an id past the vocabulary would give NaN
+    logits without a word. Datasets and generators pass unchecked."""
+
+    def fit(self, *args, **kwargs):
+        self._check_data_ids(args, kwargs)
+        return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        self._check_data_ids(args, kwargs)
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        self._check_data_ids(args, kwargs)
+        return super().predict(*args, **kwargs)
+
+    def _check_data_ids(self, args, kwargs) -> None:
+        x = args[0] if args else kwargs.get("x")
+        items = x.items() if isinstance(x, dict) else (("token_ids", x),)
+        for name, value in items:
+            ids = str(name).endswith("token_ids") and isinstance(value, np.ndarray)
+            if ids and value.dtype.kind in "iu":
+                hint = "Check that the tokenizer matches the model."
+                vocabulary = self.config.vocabulary_size
+                check_id_range(value, str(name), "vocabulary_size", vocabulary, hint)
