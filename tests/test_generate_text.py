@@ -220,6 +220,13 @@ def test_sampler_resolution():
     )
     assert resolve_sampler(sample, "greedy", None, None, None) == SamplerSpec()
     assert resolve_sampler(none, None, 0.5, 3, None) == SamplerSpec("top_k", 0.5, 3)
+    # top_k and top_p together: the nucleus of the top k, whichever sampler named.
+    for sampler in (None, "top_k", "top_p"):
+        spec = resolve_sampler(none, sampler, None, 3, 0.5)
+        assert spec == SamplerSpec("top_p", 1.0, 3, 0.5), sampler
+    for sampler, k, p in (("greedy", 3, None), ("random", None, 0.5)):
+        with pytest.raises(ValueError, match="has no `top_k` or `top_p`"):
+            resolve_sampler(sample, sampler, None, k, p)
     with pytest.raises(ValueError, match="top_p"):
         resolve_sampler(none, "top_p", None, None, 2.0)
 

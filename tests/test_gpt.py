@@ -140,6 +140,8 @@ def test_generate_stop_tokens_and_streaming(lm):
     stop = int(free[3])  # the first generated token
     stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop])[0]
     assert stopped.tolist() == free.tolist()[:4]
+    as_array = lm.generate(prompt, max_new_tokens=6, stop_token_ids=np.array([stop, 0]))
+    assert as_array[0].tolist() == stopped.tolist()
     streamed = []
     out = lm.generate(
         prompt,

@@ -142,9 +142,10 @@ def resolve_sampler(defaults, sampler, temperature, top_k, top_p) -> SamplerSpec
     `sampler=None`: sample when the defaults say `do_sample` (their
     temperature, top_k and top_p, with Hugging Face's top_k=50 where absent)
     or when `top_k` / `top_p` is given; otherwise greedy. An explicit
-    sampler uses the given settings, falling back to the defaults' values.
-    Both top_k and top_p given: the nucleus of the top k ("top_p" with
-    `top_k`), Hugging Face's order.
+    sampler uses the given settings, falling back to the defaults' values;
+    "greedy" and "random" take no `top_k` / `top_p` (a ValueError). Both
+    top_k and top_p given: the nucleus of the top k ("top_p" with `top_k`),
+    Hugging Face's order.
     """
     if sampler is not None:
         check_argument_choice("sampler", sampler, SAMPLERS)
@@ -153,7 +154,16 @@ def resolve_sampler(defaults, sampler, temperature, top_k, top_p) -> SamplerSpec
     temperature = check_argument_number(
         "temperature", temperature, 0, low_open=True, optional=True
     )
-    if sampler == "greedy" and top_k is None and top_p is None:
+    if sampler in ("greedy", "random") and (top_k is not None or top_p is not None):
+        what = {"greedy": "always takes the most likely token"}.get(
+            sampler, "samples from every token"
+        )
+        raise ValueError(
+            f"`sampler={sampler!r}` {what}, so it has no `top_k` or `top_p`. Received: "
+            f"top_k={top_k}, top_p={top_p}. Use sampler='top_k' or 'top_p' (or leave "
+            "`sampler` out) to sample from the most likely tokens."
+        )
+    if sampler == "greedy":
         return SamplerSpec("greedy")
     sampling = sampler is not None or top_k is not None or top_p is not None
     if not sampling and not defaults.do_sample:
@@ -170,7 +180,7 @@ def resolve_sampler(defaults, sampler, temperature, top_k, top_p) -> SamplerSpec
         top_p = defaults.top_p
     if sampler == "random":
         return SamplerSpec("random", temperature)
-    if sampler == "top_p" or (sampler in (None, "greedy") and top_p is not None):
+    if sampler == "top_p" or (sampler in (None, "top_k") and top_p is not None):
         return SamplerSpec("top_p", temperature, top_k, top_p)
     if sampler == "top_k" or top_k is not None:
         return SamplerSpec("top_k", temperature, top_k)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from keras_transformers._validation import check_argument_int
 from keras_transformers.generation.config import generation_config
 
@@ -15,7 +17,7 @@ DEFAULT_MAX_NEW_TOKENS = 32
 def _stop_ids(model, stop_token_ids):
     """The ids that end a row. "auto": the generation config's end ids,
     else the model config's, else the tokenizer's."""
-    if stop_token_ids == "auto":
+    if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
         eos = generation_config(model).eos_token_id
         if eos is None and model.config.eos_token_id is not None:
             eos = (model.config.eos_token_id,)
@@ -25,17 +27,23 @@ def _stop_ids(model, stop_token_ids):
         return () if eos is None else tuple(int(t) for t in eos)
     if stop_token_ids is None:
         return ()
-    many = isinstance(stop_token_ids, (list, tuple, set, frozenset))
-    ids = tuple(stop_token_ids) if many else (stop_token_ids,)
+    if isinstance(stop_token_ids, np.ndarray):
+        ids = tuple(stop_token_ids.ravel().tolist())
+    elif isinstance(stop_token_ids, (list, tuple, set, frozenset)):
+        ids = tuple(stop_token_ids)
+    else:
+        ids = (stop_token_ids,)
+    vocab = model.config.vocabulary_size
     for token in ids:
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
             ok = False
         else:
-            ok = token >= 0
+            ok = 0 <= token < vocab
         if not ok:
             raise ValueError(
                 "`stop_token_ids` must be 'auto', None, an id or a list of ids "
-                f"(integers >= 0). Received: {stop_token_ids!r}"
+                f"(integers in [0, vocabulary_size={vocab})). Received: "
+                f"{stop_token_ids!r}"
             )
     return tuple(int(t) for t in ids)
 
