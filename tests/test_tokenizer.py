@@ -237,6 +237,27 @@ def test_decode_accepts_backend_tensors_and_batches(tokenizer):
     assert tokenizer.decode([]) == ""
 
 
+def test_training_and_encoding_argument_errors(tokenizer):
+    with pytest.raises(ValueError, match="learned no merges"):
+        train_bpe(["x"], vocabulary_size=300)
+    for length in (-1, 0, 2.5):
+        with pytest.raises(ValueError, match="sequence_length"):
+            tokenizer.encode("ab", sequence_length=length)
+
+
+def test_decode_skips_stream_markers_and_rejects_negative_ids(tokenizer):
+    """`generate(stream=...)` reports -1 for a finished row: decoding the
+    stacked steps drops it; other negative ids and ids past int32 are
+    errors that say so (not the tokenizers library's OverflowError)."""
+    ids = np.asarray(tokenizer.encode("ab cd ef gh", sequence_length=4))
+    steps = np.stack([ids, np.concatenate([ids[:2], [-1, -1]])])
+    assert tokenizer.decode(steps) == [tokenizer.decode(ids), tokenizer.decode(ids[:2])]
+    assert tokenizer.decode([-1, -1]) == ""
+    for bad in ([5, -2], [2**40]):
+        with pytest.raises(ValueError, match="token ids >= 0"):
+            tokenizer.decode(bad)
+
+
 def test_call_eager_equals_encode(tokenizer):
     assert tokenizer("a b").tolist() == tokenizer.encode("a b").tolist()
     assert tokenizer(["a b", "c"]) == tokenizer.encode(["a b", "c"])

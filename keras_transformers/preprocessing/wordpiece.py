@@ -166,6 +166,7 @@ class WordPieceTokenizer:
             lists of ints, or a `[batch, sequence_length]` `np.int32` array
             when a sequence length applies.
         """
+        _check_sequence_length(sequence_length)
         sequence_length = sequence_length or self.sequence_length
         texts, single = _canonicalize_texts(inputs)
         rows = self._layer._tokenize_python(texts) if texts else []

@@ -161,20 +161,34 @@ def _canonicalize_texts(inputs: Any) -> tuple[list[str], bool]:
 
 
 def _canonicalize_ids(ids: Any) -> tuple[list[list[int]], bool]:
-    """`(list of id lists, batched)` from one sequence or a batch of ids."""
+    """`(list of id lists, batched)` from one sequence or a batch of ids.
+    -1, what `generate(stream=...)` reports for a finished row, is dropped;
+    a negative id or one past int32 raises a ValueError (ids the vocabulary
+    lacks decode as the tokenizer's own decoder decodes them)."""
     if hasattr(ids, "to_list"):  # tf.RaggedTensor
         ids = ids.to_list()
     if isinstance(ids, (list, tuple)) and any(np.ndim(row) > 0 for row in ids):
-        rows = [_host(row).reshape(-1) for row in ids]
-        return [[int(i) for i in row] for row in rows], True
-    array = _host(ids)  # NumPy, JAX, torch and TF tensors, on any device
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"`decode` takes integer ids. Received dtype {array.dtype}.")
-    if array.ndim <= 1:
-        return [[int(i) for i in array.reshape(-1)]], False
-    if array.ndim == 2:
-        return [[int(i) for i in row] for row in array], True
-    raise ValueError(f"`decode` takes 1-D or 2-D ids. Received shape {array.shape}.")
+        rows, batched = [_host(row).reshape(-1) for row in ids], True
+    else:
+        array = _host(ids)  # NumPy, JAX, torch and TF tensors, on any device
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(
+                f"`decode` takes integer ids. Received dtype {array.dtype}."
+            )
+        if array.ndim > 2:
+            raise ValueError(
+                f"`decode` takes 1-D or 2-D ids. Received shape {array.shape}."
+            )
+        batched = array.ndim == 2
+        rows = list(array) if batched else [array.reshape(-1)]
+    rows = [[int(i) for i in row if i != -1] for row in rows]
+    bad = [i for row in rows for i in row if not 0 <= i < 2**31]
+    if bad:
+        raise ValueError(
+            f"`decode` takes token ids >= 0. Received id {bad[0]} (-1, a finished "
+            "row's marker in `generate(stream=...)` steps, is skipped)."
+        )
+    return rows, batched
 
 
 def _host(ids: Any) -> np.ndarray:

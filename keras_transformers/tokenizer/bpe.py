@@ -256,6 +256,7 @@ class BPETokenizer(_AssetsMixin):
         tokenizer.encode(["a", "b c"], sequence_length=8).shape  # (2, 8)
         ```
         """
+        _check_sequence_length(sequence_length)
         sequence_length = sequence_length or self.sequence_length
         texts, single = _canonicalize_texts(inputs)
         rows = self._layer.tokenize(texts) if texts else []

@@ -307,6 +307,7 @@ class HFTokenizer(_HFAssetsMixin):
                 texts, add_special_tokens=add_special_tokens
             )
             rows = [e.ids for e in encodings]
+        _check_sequence_length(sequence_length)
         length = sequence_length or self.sequence_length
         if length:
             padded = self._pad(rows, length)
@@ -390,6 +391,7 @@ class HFTokenizer(_HFAssetsMixin):
             )
         texts, single = _canonicalize_texts(inputs)
         rows = self.encode(texts) if texts else []
+        _check_sequence_length(sequence_length)
         length = sequence_length or self.sequence_length
         length = length or max((len(r) for r in rows), default=0)
         ids, mask = self._pad(rows, length), self._mask(rows, length)

@@ -113,6 +113,12 @@ def train_bpe(
         hf.train_from_iterator(iter(texts), trainer)
 
     model = json.loads(hf.to_str())["model"]
+    if not model["merges"]:
+        raise ValueError(
+            "BPE training learned no merges: the texts are too short or repeat too "
+            f"little for min_frequency={min_frequency}. Give more text or lower "
+            "`min_frequency` (strings that are not existing files are read as text)."
+        )
     return BPETokenizer(
         hf.get_vocab(with_added_tokens=True),
         model["merges"],
