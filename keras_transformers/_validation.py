@@ -19,8 +19,32 @@ def _fail(field_name: str, value: Any, expected: str) -> None:
 def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
     if value is None and optional:
         return
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        _fail(
+            name, value, f"a Python int >= {minimum} (convert NumPy integers: int(x))"
+        )
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         _fail(name, value, f"an integer >= {minimum}")
+
+
+def check_dtype(dtype: Any) -> Any:
+    """`dtype` (None, a name or a `keras.DTypePolicy`) unchanged when the
+    model's variables and computations would be floats; else a ValueError."""
+    if dtype is None:
+        return dtype
+    import keras
+
+    try:
+        policy = keras.dtype_policies.get(dtype)
+        ok = all("float" in d for d in (policy.variable_dtype, policy.compute_dtype))
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            "`dtype` must be a float dtype or a Keras dtype policy, e.g. 'float32', "
+            f"'bfloat16' or 'mixed_bfloat16'. Received: dtype={dtype!r}"
+        )
+    return dtype
 
 
 def _is_number(value: Any) -> bool:

@@ -299,10 +299,12 @@ class TransformerConfig(_Group):
                 and value >= self.vocabulary_size
             ):
                 _fail(name, value, f"< vocabulary_size={self.vocabulary_size}")
-        if self.moe is not None and not isinstance(self.moe, MoEConfig):
-            _fail("moe", self.moe, "a MoEConfig or None")
-        if self.vision is not None and not isinstance(self.vision, VisionConfig):
-            _fail("vision", self.vision, "a VisionConfig or None")
+        for group, cls in (("moe", MoEConfig), ("vision", VisionConfig)):
+            value = getattr(self, group)
+            if value is not None and not isinstance(value, cls):
+                how = f"{cls.__name__}(**{group})" if isinstance(value, dict) else None
+                hint = f" (wrap the dict: {group}={how})" if how else ""
+                _fail(group, value, f"a {cls.__name__} or None{hint}")
         self._check_disentangled()
         if self.rotary and self.resolved_head_dim % 2:
             _fail(

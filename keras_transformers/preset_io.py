@@ -57,6 +57,13 @@ def read_json(path, what: str) -> dict:
 def read_builtin(name: str) -> dict:
     """The data of built-in preset `name`: `family`, `config`, `metadata`."""
     files = builtin_files()
+    path_like = any(c in str(name) for c in "/\\") or str(name).startswith((".", "~"))
+    if name not in files and path_like:
+        raise FileNotFoundError(
+            f"No preset at {name!r}: that path does not exist. Check it (a preset "
+            "directory is what `save_to_preset` writes), or pass a built-in preset "
+            "name or a hub handle `hf://org/name`."
+        )
     if name not in files:
         raise ValueError(
             f"Unknown preset {name!r}. Built-in presets: {sorted(files)}. A preset can "

@@ -145,6 +145,14 @@ def test_not_a_preset_directory(tmp_path):
         kt.from_preset(str(tmp_path))
 
 
+def test_a_preset_path_that_does_not_exist(tmp_path):
+    for handle in (str(tmp_path / "no_such_run"), "./runs/no_such_run"):
+        with pytest.raises(FileNotFoundError, match="that path does not exist"):
+            kt.from_preset(handle)
+    with pytest.raises(ValueError, match="Unknown preset 'gpt2_tinyy'"):
+        kt.from_preset("gpt2_tinyy")
+
+
 @pytest.mark.large
 def test_wheel_ships_presets(tmp_path):
     """A non-editable install finds the presets from another directory."""

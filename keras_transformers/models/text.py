@@ -8,6 +8,7 @@ import math
 
 import keras
 
+from keras_transformers._validation import check_dtype
 from keras_transformers.backend import call_layer
 from keras_transformers.layers import (
     PositionEmbedding,
@@ -46,7 +47,7 @@ class TextBackbone(ConfiguredModel):
                 f"{type(self).__name__} needs stacks={self.stacks!r}. "
                 f"Received: stacks={config.stacks!r}"
             )
-        super().__init__(dtype=dtype, name=name)
+        super().__init__(dtype=check_dtype(dtype), name=name)
         self.config = config
         self._build_embeddings()
         self.blocks = make_blocks(

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformers._validation import check_dtype
 from keras_transformers.backend import call_layer
 from keras_transformers.layers import PatchEmbedding
 from keras_transformers.layers.core import Dense, seeded_dropout
@@ -143,7 +144,7 @@ class ViTBackbone(_Resizable, ConfiguredModel):
                 "vision.pooling='token_and_mean' gives `[2 * D]`. Set pooler=False "
                 "or use pooling 'token' / 'mean'."
             )
-        super().__init__(dtype=dtype, name=name)
+        super().__init__(dtype=check_dtype(dtype), name=name)
         self.config = config
         v, d = config.vision, config.hidden_dim
         self.patch_embedding = PatchEmbedding(
