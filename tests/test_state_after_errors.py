@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformers.models import GPTCausalLM
+from keras_transformers.models import GPTCausalLM, ViTClassifier
 
 
 def _weights(model):
@@ -83,3 +83,11 @@ def test_numpy_ids_outside_the_vocabulary_are_rejected_first(lm, method):
     with pytest.raises(ValueError, match="id -1, outside"):
         getattr(lm, method)({"token_ids": IDS - 2}, *labels, verbose=0)
     assert _same(_weights(lm), before)
+
+
+def test_image_models_skip_the_token_id_check():
+    """Integer images reach the image check, not a vocabulary check."""
+    vit = ViTClassifier.from_preset("vit_tiny_28", num_classes=3, num_layers=1)
+    images = np.zeros((2, 28, 28, 3), "uint8")
+    with pytest.raises(ValueError, match="`images` must be floats"):
+        vit.predict(images, verbose=0)

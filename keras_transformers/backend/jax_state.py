@@ -9,11 +9,13 @@ are left without values, and every later call of the model fails with
 `TypeError: 'NoneType' object is not callable`. `KeepsStateOnError`
 attaches the latest values again before the exception propagates, so a
 corrected call works on the same model. Other backends never detach
-anything. On every backend the failed call's compiled functions are
-dropped, so the next call traces afresh.
+anything; on TensorFlow an error drops the failed call's `tf.function`s,
+so the next call traces afresh.
 """
 
 from __future__ import annotations
+
+import keras
 
 _KEPT = "_values_before_purge"
 
@@ -63,11 +65,13 @@ class KeepsStateOnError:
 def _keeping_state(model, method, args, kwargs):
     try:
         return method(*args, **kwargs)
-    except BaseException:
+    except BaseException as error:
         _reattach(model)
-        # TensorFlow: a `tf.function` whose first trace failed must not be
-        # reused (a later trace that builds the optimizer would be refused).
-        model.train_function = model.test_function = model.predict_function = None
+        if isinstance(error, Exception) and keras.config.backend() == "tensorflow":
+            # A `tf.function` whose first trace failed must not be reused (a
+            # later trace that builds the optimizer would be refused).
+            model.train_function = model.test_function = None
+            model.predict_function = None
         raise
     finally:
         model.__dict__.pop(_KEPT, None)
