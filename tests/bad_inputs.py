@@ -177,6 +177,8 @@ CASES = [
     ("ids_moe_empty_batch", "an empty batch for a mixture of experts", _call("mixtral", np.ones((0, 4), "int32")), "empty"),
     ("mask_shape", "a padding mask of another shape", _call("gpt", {"token_ids": IDS, "padding_mask": np.ones((2, 4))}), "padding_mask"),
     ("inputs_no_ids", "a dict without `token_ids`", _call("bert", {"padding_mask": IDS}), "token_ids"),
+    ("inputs_hf_attention_mask", "Hugging Face's `attention_mask` key", _call("gpt", {"token_ids": IDS, "attention_mask": IDS}), "padding_mask"),
+    ("inputs_hf_token_type_ids", "Hugging Face's `token_type_ids` key", _call("bert", {"token_ids": IDS, "token_type_ids": IDS * 0}), "segment_ids"),
     ("segments_out_of_range", "a segment id >= `num_segments`", _call("bert", {"token_ids": IDS, "segment_ids": IDS * 2}), "num_segments"),
     ("segments_shape", "segment ids of another shape", _call("bert", {"token_ids": IDS, "segment_ids": IDS[:, :3]}), "segment_ids"),
     ("seq2seq_no_decoder_ids", "seq2seq inputs without `decoder_token_ids`", _call("seq2seq", {"encoder_token_ids": IDS}), "decoder_token_ids"),

@@ -60,10 +60,29 @@ def _host_array(value, name: str):
     return value
 
 
+# Hugging Face's input names -> this library's (a model would ignore them).
+HF_NAMES = {
+    "input_ids": "`token_ids` (`encoder_token_ids` for a seq2seq source)",
+    "attention_mask": "`padding_mask` (`encoder_padding_mask` for a seq2seq source)",
+    "token_type_ids": "`segment_ids`",
+    "decoder_input_ids": "`decoder_token_ids`",
+    "decoder_attention_mask": "`decoder_padding_mask`",
+    "pixel_values": "`images` (channels last)",
+}
+
+
 def host_inputs(inputs):
     """Model inputs (a dict, or one value) with Python lists made arrays
-    and host values checked (see `_host_array`)."""
+    and host values checked (see `_host_array`); Hugging Face's input names
+    raise a ValueError naming ours."""
     if isinstance(inputs, dict):
+        for key in inputs:
+            if key in HF_NAMES:
+                raise ValueError(
+                    f"`{key}` is Hugging Face's name for this input; here it is "
+                    f"{HF_NAMES[key]}. Rename the key (the model would not read "
+                    f"`{key}`). Received keys: {sorted(map(str, inputs))}"
+                )
         return {k: _host_array(v, str(k)) for k, v in inputs.items()}
     return _host_array(inputs, "inputs")
 
