@@ -156,6 +156,7 @@ CASES = [
     ("config_token_pool_without_token", "`pooling=\"token\"` without a class token", _group("vit", "vision", class_token=False), "pooling"),
     ("config_wrong_stacks_for_class", "an encoder config for `GPTBackbone`", lambda m: GPTBackbone(config=FAMILIES["bert"]), "stacks"),
     ("config_zero_classes", "`num_classes=0`", lambda m: BertClassifier(config=FAMILIES["bert"], num_classes=0), "num_classes"),
+    ("config_bool_classes", "`num_classes=True`", lambda m: BertClassifier(config=FAMILIES["bert"], num_classes=True), "num_classes"),
     ("config_int_config", "`config=3`", lambda m: GPTBackbone(3), "config"),
     ("config_numpy_int", "`hidden_dim=np.int64(16)` (a NumPy integer)", _config(hidden_dim=np.int64(16)), "Python int"),
     ("config_moe_dict_to_constructor", "a dict as `moe` of `TransformerConfig(...)`", lambda m: TransformerConfig(**FAMILIES["mixtral"]), r"MoEConfig\(\*\*moe\)"),

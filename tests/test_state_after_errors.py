@@ -72,7 +72,7 @@ def test_a_batch_rejected_after_training_steps_keeps_their_weights(lm):
 
 
 @pytest.mark.parametrize("method", ["predict", "evaluate", "fit"])
-def test_numpy_ids_outside_the_vocabulary_are_rejected_first(lm, method):
+def test_numpy_ids_outside_the_vocabulary_or_empty_are_rejected_first(lm, method):
     before = _weights(lm)
     labels = () if method == "predict" else (IDS,)
     vocabulary = lm.config.vocabulary_size
@@ -82,6 +82,8 @@ def test_numpy_ids_outside_the_vocabulary_are_rejected_first(lm, method):
         getattr(lm, method)(past, *labels, verbose=0)
     with pytest.raises(ValueError, match="id -1, outside"):
         getattr(lm, method)({"token_ids": IDS - 2}, *labels, verbose=0)
+    with pytest.raises(ValueError, match="is empty"):
+        getattr(lm, method)(IDS[:0], *(y[:0] for y in labels), verbose=0)
     assert _same(_weights(lm), before)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend, loading, lora, preset_io
+from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import train_function
 from keras_transformers.backend.jax_state import KeepsStateOnError
@@ -420,11 +421,7 @@ class TaskModel(ConfiguredModel):
         """Sets `num_classes`, `classifier_dropout` and the built `dropout` +
         `classifier` (Dense over `width` features, default `hidden_dim`)
         layers of a classification head."""
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f"`num_classes` must be a positive integer. Received: {num_classes!r}"
-            )
-        self.num_classes = num_classes
+        self.num_classes = check_argument_int("num_classes", num_classes, 1)
         self.classifier_dropout = dropout
         self.dropout = seeded_dropout(dropout, dtype=self.dtype_policy)
         self.classifier = self._dense_head("classifier", kernel_initializer, width)

@@ -152,6 +152,7 @@ class ChecksDataIds:
         for name, value in items:
             ids = str(name).endswith("token_ids") and isinstance(value, np.ndarray)
             if ids and value.dtype.kind in "iu":
+                check_not_empty(str(name), value.shape)
                 hint = "Check that the tokenizer matches the model."
                 vocabulary = self.config.vocabulary_size
                 check_id_range(value, str(name), "vocabulary_size", vocabulary, hint)
