@@ -57,8 +57,8 @@ def read_json(path, what: str) -> dict:
 def read_builtin(name: str) -> dict:
     """The data of built-in preset `name`: `family`, `config`, `metadata`."""
     files = builtin_files()
-    path_like = any(c in str(name) for c in "/\\") or str(name).startswith((".", "~"))
-    if name not in files and path_like:
+    text = str(name)
+    if name not in files and ("/" in text or "\\" in text or text[:1] in (".", "~")):
         raise FileNotFoundError(
             f"No preset at {name!r}: that path does not exist. Check it (a preset "
             "directory is what `save_to_preset` writes), or pass a built-in preset "

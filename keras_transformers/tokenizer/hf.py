@@ -295,6 +295,7 @@ class HFTokenizer(_HFAssetsMixin):
         tokenizer.encode(["a", "b c"])      # [[...], [...]]
         ```
         """
+        _check_sequence_length(sequence_length)
         texts, single = _canonicalize_texts(inputs)
         if single:
             rows = [
@@ -307,7 +308,6 @@ class HFTokenizer(_HFAssetsMixin):
                 texts, add_special_tokens=add_special_tokens
             )
             rows = [e.ids for e in encodings]
-        _check_sequence_length(sequence_length)
         length = sequence_length or self.sequence_length
         if length:
             padded = self._pad(rows, length)
