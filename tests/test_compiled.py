@@ -300,3 +300,21 @@ def test_compiled_training_refuses_torch_that_drops_router_losses():
     quiet = {"moe": {"router_aux_loss_coef": 0.0, "router_z_loss_coef": 0.0}}
     silent = MixtralCausalLM.from_preset("mixtral_tiny", num_layers=1, **quiet)
     check_losses_survive_compiling(silent, "2.11.0")
+
+
+def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
+    """The optimizer is built before TensorFlow traces the train function:
+    a variable created inside the first trace would make `tf.function`
+    trace the whole step again."""
+    if backend != "tensorflow":
+        pytest.skip("tf.function's tracing")
+    model, ids = _compiled_tiny_lm(optimizer="adamw")
+    model.compile(loss=MaskedSparseCategoricalCrossentropy(from_logits=True))
+    traces = []
+    step = type(model).train_step
+    monkeypatch.setattr(
+        type(model), "train_step", lambda self, d: traces.append(1) or step(self, d)
+    )
+    model.fit(ids, ids, batch_size=2, epochs=2, verbose=0)
+    assert len(traces) == 1
+    assert model.optimizer.built

@@ -9,8 +9,9 @@ are left without values, and every later call of the model fails with
 `TypeError: 'NoneType' object is not callable`. `KeepsStateOnError`
 attaches the latest values again before the exception propagates, so a
 corrected call works on the same model. Other backends never detach
-anything; on TensorFlow an error drops the failed call's `tf.function`s,
-so the next call traces afresh.
+anything; on TensorFlow an error drops the failed call's `tf.function`s
+(the train function only if no step completed), so the next call traces
+them afresh.
 """
 
 from __future__ import annotations
@@ -63,18 +64,35 @@ class KeepsStateOnError:
 
 
 def _keeping_state(model, method, args, kwargs):
+    steps = _steps(model)
     try:
         return method(*args, **kwargs)
     except BaseException as error:
         _reattach(model)
         if isinstance(error, Exception) and keras.config.backend() == "tensorflow":
             # A `tf.function` whose first trace failed must not be reused (a
-            # later trace that builds the optimizer would be refused).
-            model.train_function = model.test_function = None
-            model.predict_function = None
+            # later trace that builds the optimizer would be refused). The
+            # train function is kept once it has run a step in this call:
+            # its trace succeeded, and tracing it again costs seconds.
+            if _steps(model) == steps:
+                model.train_function = None
+            model.test_function = model.predict_function = None
         raise
     finally:
         model.__dict__.pop(_KEPT, None)
+
+
+def _steps(model):
+    """On TensorFlow, the optimizer's completed steps (else None, as before
+    it is built)."""
+    optimizer = getattr(model, "optimizer", None)
+    if (
+        keras.config.backend() != "tensorflow"
+        or optimizer is None
+        or not optimizer.built
+    ):
+        return None
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
 
 def _alive(value) -> bool:

@@ -1,5 +1,6 @@
 """The models and data the multi-device cases train: one tiny preset per
-family, with a batch of 8 and the variable each checks the sharding of."""
+family (built with one layer: every layer has the same layout), with a
+batch of 8 and the variable each checks the sharding of."""
 
 import keras
 import numpy as np

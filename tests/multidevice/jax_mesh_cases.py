@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(
 def _build(name, distribution=None):
     cls, preset, extra, data, *_ = FAMILIES[name]
     keras.utils.set_random_seed(7)
-    model = cls.from_preset(preset, dropout=0.0, distribution=distribution, **extra)
+    model = cls.from_preset(
+        preset, dropout=0.0, num_layers=1, distribution=distribution, **extra
+    )
     x, y, loss = data()
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     return model, x, y
