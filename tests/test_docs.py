@@ -114,8 +114,17 @@ def test_readme_main_job_command_runs_as_written():
     # The command's output directory, as a fresh checkout has it (an earlier
     # interrupted run would leave a backup that asks for --resume).
     shutil.rmtree(ROOT / "runs" / "gpt_mini", ignore_errors=True)
+    # In a user's environment: without the test processes' own settings
+    # (one thread per xdist worker, the allocator left alone; conftest.py).
+    test_only = ("OMP_NUM_THREADS", "KERAS_TRANSFORMERS_RETAIN_MEMORY", "KERAS_BACKEND")
+    env = {k: v for k, v in os.environ.items() if k not in test_only}
     result = subprocess.run(
-        ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=1500
+        ["bash", "-c", command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "val_loss" in result.stdout + result.stderr

@@ -91,10 +91,16 @@ def test_cached_decoding_equals_full_forward(lm, ids):
 
 
 def _naive_greedy(lm, prompt, steps):
+    """Greedy decoding by full forward passes, without a cache. Each pass
+    reads a row of one fixed length (the model is causal: positions after
+    the sequence change nothing before them), so eager JAX compiles each
+    op once instead of once per length."""
     seq = list(prompt)
+    row = np.zeros((1, len(prompt) + steps), "int32")
     for _ in range(steps):
-        logits = to_numpy(lm(np.array([seq], "int32")))
-        seq.append(int(logits[0, -1].argmax()))
+        row[0, : len(seq)] = seq
+        logits = to_numpy(lm(row))
+        seq.append(int(logits[0, len(seq) - 1].argmax()))
     return seq
 
 

@@ -378,9 +378,15 @@ def test_graph_tensors_are_refused_with_the_fix(smollm2_dir):
 # -- a model that carries it ---------------------------------------------------------
 
 
+# SmolLM2's layout at one narrow layer, with random weights: what these
+# tests check is the tokenizer the model carries, not its 135M weights
+# (tests/test_generate_text.py runs the real checkpoint).
+SMALL = dict(load_weights=False, num_layers=1, hidden_dim=72, intermediate_dim=64)
+
+
 @pytest.fixture(scope="module")
 def smol(smollm2_dir):
-    return keras_transformers.from_preset(str(smollm2_dir))
+    return keras_transformers.from_preset(str(smollm2_dir), **SMALL)
 
 
 def test_model_generates_saves_and_exports_with_its_tokenizer(
@@ -416,5 +422,5 @@ def test_checkpoint_with_a_corrupt_tokenizer_loads_with_a_warning(
     (tmp_path / "config.json").symlink_to(smollm2_dir / "config.json")
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "trunc')
     with pytest.warns(UserWarning, match=r"tokenizer\.json.*download it again"):
-        model = keras_transformers.from_preset(str(tmp_path), load_weights=False)
+        model = keras_transformers.from_preset(str(tmp_path), **SMALL)
     assert model.tokenizer is None
