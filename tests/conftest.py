@@ -16,8 +16,15 @@ os.environ.setdefault("KERAS_TRANSFORMERS_RETAIN_MEMORY", "0")
 # workers never run more threads than there are cores (PyTorch's OpenMP
 # threads spin while they wait: the Transformer-XL example took 520 s on
 # PyTorch beside another worker's job, 61 s alone).
+# TensorFlow's and XLA's own thread pools likewise: a parallel op waits for
+# its slowest thread, and beside another busy worker each of its threads
+# waits for a core.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ.setdefault(
+        "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    )
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

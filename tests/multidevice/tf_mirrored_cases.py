@@ -61,8 +61,9 @@ def test_mirrored_fit_matches_one_device(name):
         )
     # Keras 3.15 reports the loss summed over the replicas (see
     # github.com/keras-team/keras/issues/19891): the trajectory is the
-    # one-device one times a constant.
-    np.testing.assert_allclose(losses / expected, losses[0] / expected[0], rtol=1e-4)
+    # one-device one times a constant (to float32 reassociation: BERT's
+    # one-layer masked-LM loss ratio drifts by 1.1e-4 over three steps).
+    np.testing.assert_allclose(losses / expected, losses[0] / expected[0], rtol=3e-4)
     # That constant is 1 or 2 (to the float32 reassociation of two replicas'
     # sums: BERT's masked-LM loss differs from one device's by ~1e-4).
     scale = losses[0] / expected[0]
