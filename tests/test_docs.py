@@ -119,7 +119,6 @@ def test_readme_main_job_command_runs_as_written():
     test_only = (
         "OMP_NUM_THREADS",
         "TF_NUM_INTRAOP_THREADS",
-        "XLA_FLAGS",
         "KERAS_TRANSFORMERS_RETAIN_MEMORY",
         "KERAS_BACKEND",
     )
