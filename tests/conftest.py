@@ -16,13 +16,8 @@ os.environ.setdefault("KERAS_TRANSFORMERS_RETAIN_MEMORY", "0")
 # workers never run more threads than there are cores (PyTorch's OpenMP
 # threads spin while they wait: the Transformer-XL example took 520 s on
 # PyTorch beside another worker's job, 61 s alone).
-# TensorFlow's intra-op pool likewise: a parallel op waits for its slowest
-# thread, and beside another busy worker each thread waits for a core (four
-# TensorFlow files with two workers: 151 s, 165 s with both cores each).
-# XLA's is left alone: one thread made the JAX suite slower (877 s, 702 s).
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
