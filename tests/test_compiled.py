@@ -318,3 +318,27 @@ def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
     model.fit(ids, ids, batch_size=2, epochs=2, verbose=0)
     assert len(traces) == 1
     assert model.optimizer.built
+
+
+def test_tensorflow_keeps_the_traced_step_after_a_fit_fails_later(backend, monkeypatch):
+    """A `fit` that raises after completed steps (an interrupting callback)
+    leaves its traced train function for the next `fit`: no second trace."""
+    if backend != "tensorflow":
+        pytest.skip("tf.function's tracing")
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("interrupted")
+
+    model, ids = _compiled_tiny_lm(optimizer="adamw")
+    model.compile(loss=MaskedSparseCategoricalCrossentropy(from_logits=True))
+    traces = []
+    step = type(model).train_step
+    monkeypatch.setattr(
+        type(model), "train_step", lambda self, d: traces.append(1) or step(self, d)
+    )
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(ids, ids, batch_size=2, verbose=0, callbacks=[Interrupt()])
+    model.fit(ids, ids, batch_size=2, verbose=0)
+    assert len(traces) == 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 3
