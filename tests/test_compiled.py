@@ -302,12 +302,10 @@ def test_compiled_training_refuses_torch_that_drops_router_losses():
     check_losses_survive_compiling(silent, "2.11.0")
 
 
-def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
-    """The optimizer is built before TensorFlow traces the train function:
-    a variable created inside the first trace would make `tf.function`
-    trace the whole step again."""
-    if backend != "tensorflow":
-        pytest.skip("tf.function's tracing")
+def _tf_lm_counting_traces(monkeypatch):
+    """A 1-layer `gpt2_tiny` compiled for TensorFlow's traced `fit` (AdamW),
+    its [4, 8] token ids, and a list that grows by one per `train_step`
+    trace."""
     model, ids = _compiled_tiny_lm(optimizer="adamw")
     model.compile(loss=MaskedSparseCategoricalCrossentropy(from_logits=True))
     traces = []
@@ -315,6 +313,16 @@ def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
     monkeypatch.setattr(
         type(model), "train_step", lambda self, d: traces.append(1) or step(self, d)
     )
+    return model, ids, traces
+
+
+def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
+    """The optimizer is built before TensorFlow traces the train function:
+    a variable created inside the first trace would make `tf.function`
+    trace the whole step again."""
+    if backend != "tensorflow":
+        pytest.skip("tf.function's tracing")
+    model, ids, traces = _tf_lm_counting_traces(monkeypatch)
     model.fit(ids, ids, batch_size=2, epochs=2, verbose=0)
     assert len(traces) == 1
     assert model.optimizer.built
@@ -330,13 +338,7 @@ def test_tensorflow_keeps_the_traced_step_after_a_fit_fails_later(backend, monke
         def on_train_batch_end(self, batch, logs=None):
             raise RuntimeError("interrupted")
 
-    model, ids = _compiled_tiny_lm(optimizer="adamw")
-    model.compile(loss=MaskedSparseCategoricalCrossentropy(from_logits=True))
-    traces = []
-    step = type(model).train_step
-    monkeypatch.setattr(
-        type(model), "train_step", lambda self, d: traces.append(1) or step(self, d)
-    )
+    model, ids, traces = _tf_lm_counting_traces(monkeypatch)
     with pytest.raises(RuntimeError, match="interrupted"):
         model.fit(ids, ids, batch_size=2, verbose=0, callbacks=[Interrupt()])
     model.fit(ids, ids, batch_size=2, verbose=0)
