@@ -23,6 +23,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_transformers.backend.choices import recompute_reads_variables
 from keras_transformers.config import TransformerConfig
 
 # Optimizer slots per trainable parameter (Keras implementations).
@@ -65,9 +66,7 @@ def rematerialized(layer, layer_call):
     Returns:
         A function with `layer_call`'s signature and outputs.
     """
-    # TensorFlow's recompute_grad differentiates the variables it sees read;
-    # feeding them as inputs as well would count their gradients twice.
-    pass_weights = keras.config.backend() != "tensorflow"
+    pass_weights = not recompute_reads_variables()
 
     def run(*args, training=None, **kwargs):
         given = {**dict(enumerate(args)), **kwargs}

@@ -1,7 +1,8 @@
 """Compiled training on PyTorch (`compile(jit_compile=True)`, Keras'
 `torch.compile` path): the train function, which compiles the forward pass
 and the loss and runs the rest of the step eagerly, compiled decoding
-steps, and `run_eagerly` for work left out of a graph.
+steps, and `run_eagerly` for work left out of a graph; on TensorFlow,
+`build_optimizer_first`, so that a traced train step is traced once.
 
 `torch.compile` guards a compiled program on the Python-visible state it
 read, and recompiles whenever a guard fails. Keras state that changes

@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
+from keras_transformers.backend.choices import explicit_attention_faster
 from keras_transformers.layers.core import (
     EinsumDense,
     RMSNormalization,
@@ -356,19 +357,9 @@ class MultiHeadAttention(keras.layers.Layer):
             fused = not dropout_active and (
                 not grouped or backend.supports_native_gqa()
             )
-            # JAX's fused op asks XLA for an F16_F16_F32 dot, which XLA:CPU
-            # (and TPU) reject when compiling: float16 takes the explicit path.
-            # On JAX one query token (a decoding step) is also 3-9% faster
-            # explicit: the fused op's grouped reshapes cost more than T = 1;
-            # and on XLA:CPU so are ungrouped heads (its group axis costs a
-            # head-layout copy per layer: BERT masked-LM step 0.298 vs 0.320 s).
-            # TensorFlow has no fused kernel: Keras' op is an explicit one
-            # with more transposes (0.202 vs 0.209 s).
-            one = q.shape[1] == 1
-            ungrouped_cpu = not grouped and backend.xla_cpu()
-            name = keras.config.backend()
-            jax_explicit = name == "jax" and (half or one or ungrouped_cpu)
-            fused = fused and not (jax_explicit or name == "tensorflow")
+            fused = fused and not explicit_attention_faster(
+                half, q.shape[1] == 1, not grouped and backend.xla_cpu()
+            )
         if fused and not dropout_active and bias is None:
             return backend.dot_product_attention(
                 q, k, v, mask=mask, scale=scale, is_causal=is_causal

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_transformers.backend import call_layer
+from keras_transformers.backend.choices import exact_gelu
 from keras_transformers.layers.core import (
     Dense,
     LayerNormalization,
@@ -12,18 +13,6 @@ from keras_transformers.layers.core import (
     seeded_dropout,
 )
 from keras_transformers.layers.serializable import serializable
-
-
-def exact_gelu(x):
-    """GELU, exact: `x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))`, the formula
-    of PyTorch's kernel (and so Hugging Face's "gelu"). PyTorch runs its
-    fused kernel; JAX and TensorFlow spell their exact GELU with `erfc`,
-    which XLA:CPU evaluates ~30% slower forward and backward than `erf`, so
-    there the formula is written out (equal to 1e-7)."""
-    if keras.config.backend() == "torch":
-        return keras.activations.gelu(x, approximate=False)
-    return 0.5 * x * (1.0 + keras.ops.erf(x * 0.7071067811865476))
-
 
 _ACTIVATIONS = {
     "gelu": exact_gelu,

@@ -20,6 +20,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_transformers.backend.choices import optimizer_updates_in_place
 from keras_transformers.backend.compiled import run_eagerly
 from keras_transformers.backend.optimizer import adam_update
 from keras_transformers.training.schedules import InverseSquareRootSchedule
@@ -50,7 +51,7 @@ class _InPlaceUpdate:
             self._use_weight_decay(variable)
 
     def _in_place(self):
-        return not self.amsgrad and keras.config.backend() == "torch"
+        return not self.amsgrad and optimizer_updates_in_place()
 
     def _apply_weight_decay(self, variables):
         if not self._in_place():  # else `adam_update` decays with the update

@@ -1,0 +1,45 @@
+"""Per-backend choices that shared code asks about by what they do, so no
+layer, optimizer or training helper names a backend itself."""
+
+from __future__ import annotations
+
+import keras
+
+
+def exact_gelu(x):
+    """GELU, exact: `x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))`, the formula
+    of PyTorch's kernel (and so Hugging Face's "gelu"). PyTorch runs its
+    fused kernel; JAX and TensorFlow spell their exact GELU with `erfc`,
+    which XLA:CPU evaluates ~30% slower forward and backward than `erf`, so
+    there the formula is written out (equal to 1e-7)."""
+    if keras.config.backend() == "torch":
+        return keras.activations.gelu(x, approximate=False)
+    return 0.5 * x * (1.0 + keras.ops.erf(x * 0.7071067811865476))
+
+
+def explicit_attention_faster(half: bool, one_query: bool, ungrouped_cpu: bool) -> bool:
+    """Whether explicit attention (scores, softmax, weighted sum) beats the
+    backend's fused op here. TensorFlow has no fused kernel: Keras' op is an
+    explicit one with more transposes (0.202 vs 0.209 s). On JAX: the fused
+    op asks XLA for an F16_F16_F32 dot, which XLA:CPU (and TPU) reject when
+    compiling (`half`: float16); one query token (a decoding step) is 3-9%
+    faster explicit, the fused op's grouped reshapes costing more than T = 1;
+    and on XLA:CPU so are ungrouped heads (their group axis costs a
+    head-layout copy per layer: BERT masked-LM step 0.298 vs 0.320 s)."""
+    name = keras.config.backend()
+    return name == "tensorflow" or (
+        name == "jax" and (half or one_query or ungrouped_cpu)
+    )
+
+
+def optimizer_updates_in_place() -> bool:
+    """Whether the optimizers update variables with the fused in-place kernel
+    of `backend.optimizer.adam_update` (PyTorch's `_foreach` ops)."""
+    return keras.config.backend() == "torch"
+
+
+def recompute_reads_variables() -> bool:
+    """Whether rematerialisation differentiates the variables it sees read
+    (TensorFlow's `recompute_grad`): feeding them as inputs as well would
+    count their gradients twice."""
+    return keras.config.backend() == "tensorflow"
