@@ -27,3 +27,16 @@ def read_json_object(path, what: str = "", fix: str = "Save the preset again.") 
     if not isinstance(data, dict):
         raise ValueError(f"{name} must hold a JSON object. {fix}")
     return data
+
+
+def dtype_policy_json(policy) -> dict:
+    """A Keras dtype policy as `keras.dtype_policies.serialize` writes it
+    (`keras.dtype_policies.deserialize` reads it back), without Keras'
+    serializer: that one imports TensorFlow, wherever it is installed, on
+    every backend (seconds and hundreds of MB for a JAX or PyTorch user)."""
+    return {
+        "module": "keras.dtype_policies",
+        "class_name": type(policy).__name__,
+        "config": policy.get_config(),
+        "registered_name": None,
+    }

@@ -33,7 +33,7 @@ import os
 import warnings
 from pathlib import Path
 
-from keras_transformers._json import read_json_object
+from keras_transformers._json import dtype_policy_json, read_json_object
 
 FILES, TOKENIZER = "files", "tokenizer"
 WEIGHTS_SUFFIXES = (".h5", ".safetensors", ".npz")
@@ -112,7 +112,7 @@ def metadata(model, directory, tokenizer, skip: str) -> dict:
         "params": int(model.count_params()),
         "keras_version": keras.__version__,
         "backend": keras.config.backend(),
-        "dtype": keras.dtype_policies.serialize(model.dtype_policy),
+        "dtype": dtype_policy_json(model.dtype_policy),
         "saved": now.isoformat(timespec="seconds"),
         FILES: files,
         TOKENIZER: tokenizer_entry,

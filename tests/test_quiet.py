@@ -1,7 +1,7 @@
 """Loading a tokenizer on JAX or PyTorch prints none of TensorFlow's start-up
 lines (keras-hub imports TensorFlow), unless the user set
-`TF_CPP_MIN_LOG_LEVEL`; the Hugging Face `tokenizer.json` path imports no
-TensorFlow at all."""
+`TF_CPP_MIN_LOG_LEVEL`; the Hugging Face `tokenizer.json` path, and saving
+and loading a preset, import no TensorFlow at all."""
 
 import os
 import subprocess
@@ -27,6 +27,11 @@ hf.save(os.path.join(directory, "tokenizer.json"))
 tokenizer = load_hf_tokenizer(directory)
 assert tokenizer.decode(tokenizer.encode("a b")) == "a b"
 print("tensorflow after HFTokenizer:", "tensorflow" in sys.modules)
+from keras_transformers import from_preset
+from keras_transformers.models import GPTCausalLM
+GPTCausalLM.from_preset("gpt2_tiny", num_layers=1).save_to_preset(directory + "/lm")
+assert from_preset(directory + "/lm").config.num_layers == 1
+print("tensorflow after a preset's save and load:", "tensorflow" in sys.modules)
 vocabulary = {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}
 bpe = BPETokenizer(vocabulary, ["a b"])
 assert bpe.decode(bpe.encode("ab")) == "ab"
@@ -65,6 +70,7 @@ def test_loading_tokenizers_prints_no_tensorflow_start_up_lines(backend):
     ]
     assert noisy == []
     assert "tensorflow after HFTokenizer: False" in stdout
+    assert "tensorflow after a preset's save and load: False" in stdout
     assert "TF_CPP_MIN_LOG_LEVEL: 3" in stdout
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend, loading, lora, preset_io
+from keras_transformers._json import dtype_policy_json
 from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import build_optimizer_first, train_function
@@ -317,7 +318,7 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         return {
             "config": self.config.to_dict(),
             "name": self.name,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "dtype": dtype_policy_json(self.dtype_policy),
         }
 
     @classmethod
