@@ -133,10 +133,17 @@ def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
     saved_size = _image_size(TransformerConfig.from_dict(data["config"]))
     resize = saved_size is not None and saved_size != _image_size(config)
     at_saved = config.replace(image_size=saved_size) if resize else config
-    model = preset_io.instantiate(
-        saved_cls, at_saved, dtype, tokenizer, data.get("task")
-    )
-    preset_io.load_weights(model, weights)
+    from keras_transformers.convert.deferred import deferred_initialization, loaded
+
+    # Built without random draws: a successful load fills every variable
+    # (Keras raises when one is missing from the file).
+    with deferred_initialization():
+        model = preset_io.instantiate(
+            saved_cls, at_saved, dtype, tokenizer, data.get("task")
+        )
+        preset_io.load_weights(model, weights)
+        for variable in model.weights:
+            loaded(variable)
     if resize:  # e.g. a ViT fine-tuned at another resolution
         model = model.with_image_size(config.vision.image_size)
     return model

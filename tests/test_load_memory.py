@@ -1,6 +1,6 @@
-"""Loading a Hugging Face checkpoint builds no random-initialised copy of
-the weights: no random initializer runs for a weight the checkpoint
-fills, the tensors are views of the memory-mapped file, and weights the
+"""Loading a Hugging Face checkpoint (or a saved preset) builds no
+random-initialised copy of the weights: no random initializer runs for a
+weight the checkpoint fills, the tensors are views of the memory-mapped file, and weights the
 checkpoint lacks still get their initializer."""
 
 import contextlib
@@ -75,6 +75,15 @@ def test_loading_runs_no_random_initializer(tmp_path, fields, monkeypatch):
     loaded = keras_transformers.from_preset(tmp_path)
     assert draws == []
     np.testing.assert_allclose(_logits(loaded), _logits(source), atol=1e-5)
+
+
+def test_a_saved_preset_loads_without_random_initializers(tmp_path, monkeypatch):
+    source = _lm(**LLAMA)
+    source.save_to_preset(tmp_path / "preset")
+    draws = _refuse_random(monkeypatch)
+    loaded = keras_transformers.from_preset(tmp_path / "preset")
+    assert draws == []
+    np.testing.assert_array_equal(_logits(loaded), _logits(source))
 
 
 def test_weights_the_checkpoint_lacks_are_initialized(tmp_path):
