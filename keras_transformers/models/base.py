@@ -17,7 +17,7 @@ from keras_transformers import backend, loading, lora, preset_io
 from keras_transformers._json import dtype_policy_json
 from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
-from keras_transformers.backend.compiled import build_optimizer_first, train_function
+from keras_transformers.backend.compiled import prepare_tensorflow_step, train_function
 from keras_transformers.backend.jax_state import KeepsStateOnError
 from keras_transformers.config import TransformerConfig
 from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
@@ -291,8 +291,9 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         """Keras' train function; with PyTorch's compiled path, one that
         traces the model fewer times and compiles once
         (`backend.compiled.train_function`); on TensorFlow, one traced
-        once (`backend.compiled.build_optimizer_first`)."""
-        build_optimizer_first(self)
+        once and freed with the model
+        (`backend.compiled.prepare_tensorflow_step`)."""
+        prepare_tensorflow_step(self)
         function = train_function(self, force, check_inputs=host_inputs)
         return super().make_train_function(force) if function is None else function
 
