@@ -116,7 +116,12 @@ def test_readme_main_job_command_runs_as_written():
     shutil.rmtree(ROOT / "runs" / "gpt_mini", ignore_errors=True)
     # In a user's environment: without the test processes' own settings
     # (one thread per xdist worker, the allocator left alone; conftest.py).
-    test_only = ("OMP_NUM_THREADS", "KERAS_TRANSFORMERS_RETAIN_MEMORY", "KERAS_BACKEND")
+    test_only = (
+        "OMP_NUM_THREADS",
+        "KERAS_TRANSFORMERS_RETAIN_MEMORY",
+        "KERAS_BACKEND",
+        "XLA_FLAGS",
+    )
     env = {k: v for k, v in os.environ.items() if k not in test_only}
     result = subprocess.run(
         ["bash", "-c", command],
