@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.compiled import slice_rows
+from keras_transformers.layers.rotary_scaling import rope_type, rotary_frequencies
 from keras_transformers.layers.serializable import serializable
 
 
@@ -35,6 +36,12 @@ class RotaryEmbedding(keras.layers.Layer):
         max_wavelength: the base (theta) of the frequencies. Defaults to 10000.
         scaling_factor: linear position interpolation; positions are divided
             by this factor. Defaults to 1.0.
+        scaling: a Hugging Face rotary scaling dict (`rope_parameters` or
+            `rope_scaling` without `rope_theta`): `linear`, `llama3`,
+            `yarn` or `longrope` (see `keras_transformers.layers.rotary_scaling`).
+            None: plain rotary.
+        max_position: the model's `max_position_embeddings`, from which YaRN
+            and LongRoPE derive their factor when `scaling` gives none.
 
     Call arguments:
         x: `[B, T, N, H]` queries or keys.
@@ -48,10 +55,20 @@ class RotaryEmbedding(keras.layers.Layer):
         Embedding", 2021.
     """
 
-    def __init__(self, max_wavelength=10000.0, scaling_factor=1.0, **kwargs):
+    def __init__(
+        self,
+        max_wavelength=10000.0,
+        scaling_factor=1.0,
+        scaling=None,
+        max_position=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.max_wavelength = max_wavelength
         self.scaling_factor = scaling_factor
+        self.scaling = dict(scaling) if scaling else None
+        self.max_position = max_position
+        rope_type(self.scaling)  # an unsupported type fails here
         self.built = True
 
     def call(self, x, positions=None):
@@ -71,6 +88,7 @@ class RotaryEmbedding(keras.layers.Layer):
             head_dim,
             self.max_wavelength,
             self.scaling_factor,
+            id(self.scaling),
         )
         # The memo keeps `positions` alive, so its id stays its own.
         _, cos, sin = backend.memo(
@@ -88,19 +106,47 @@ class RotaryEmbedding(keras.layers.Layer):
     def cos_sin(self, positions, head_dim):
         """`positions [T]` or `[B, T]` -> `(cos, sin)`, each `[B|1, T, 1, H]`
         float32."""
+        inverse, factor = self._inverse(positions, head_dim)
         positions = ops.cast(positions, "float32")
         if self.scaling_factor != 1.0:
             positions = positions / self.scaling_factor
-        inverse = backend.from_numpy(inverse_frequencies(head_dim, self.max_wavelength))
         angles = ops.multiply(positions[..., None], inverse)  # on positions' device
         if len(angles.shape) == 2:  # [T, H] or [B, T, H]
             angles = angles[None]
-        return ops.cos(angles)[:, :, None, :], ops.sin(angles)[:, :, None, :]
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos[:, :, None, :], sin[:, :, None, :]
+
+    def _inverse(self, positions, head_dim):
+        """`([H] float32 inverse frequencies, the cos/sin factor)`: LongRoPE
+        takes its long set when the sequence (the largest position + 1)
+        passes the original context, as transformers does per call."""
+        if self.scaling is None:
+            inverse = inverse_frequencies(head_dim, self.max_wavelength)
+            return backend.from_numpy(inverse), 1.0
+
+        def both_halves(long):
+            half, factor = rotary_frequencies(
+                head_dim, self.max_wavelength, self.scaling, self.max_position, long
+            )
+            return backend.from_numpy(np.concatenate([half, half])), factor
+
+        inverse, factor = both_halves(False)
+        if rope_type(self.scaling) == "longrope":
+            long_inverse, _ = both_halves(True)
+            original = self.scaling["original_max_position_embeddings"]
+            longer = ops.max(positions) + 1 > original
+            inverse = ops.where(longer, long_inverse, inverse)
+        return inverse, factor
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor
+            max_wavelength=self.max_wavelength,
+            scaling_factor=self.scaling_factor,
+            scaling=self.scaling,
+            max_position=self.max_position,
         )
         return config
 
