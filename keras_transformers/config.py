@@ -50,6 +50,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from keras_transformers._param_count import count_params
+from keras_transformers.rotary_scaling import rotary_frequencies
 from keras_transformers._validation import (
     _check_attention_knobs,
     _check_bool,
@@ -132,6 +133,10 @@ class TransformerConfig(_Group):
             of reading the encoder's.
         rope_max_wavelength: rotary base (theta).
         rope_scaling_factor: linear position-interpolation factor for rotary.
+        rope_scaling: a Hugging Face rotary scaling for long context (its
+            `rope_parameters` without `rope_theta`): `llama3`, `yarn` or
+            `longrope` with their fields (see
+            `keras_transformers.rotary_scaling`); None: none.
         activation: feed-forward activation: "gelu", "gelu_approximate"
             (tanh form, GPT-2's gelu_new), "relu" or "silu".
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
@@ -200,6 +205,7 @@ class TransformerConfig(_Group):
     separate_decoder_positions: bool = False
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
+    rope_scaling: dict | None = None
     activation: str = "gelu"
     gated_feed_forward: bool = False
     use_bias: bool = True
@@ -312,6 +318,24 @@ class TransformerConfig(_Group):
                 self.resolved_head_dim,
                 "an even number with rotary positions",
             )
+        if self.rope_scaling is not None:
+            self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        """`rope_scaling`: a dict of a supported type with the fields it
+        needs, only with rotary positions."""
+        if not isinstance(self.rope_scaling, dict) or not self.rotary:
+            _fail(
+                "rope_scaling",
+                self.rope_scaling,
+                'None, or a dict (Hugging Face\'s rope_parameters without rope_theta) with position_embedding="rotary"',
+            )
+        try:
+            rotary_frequencies(
+                self.resolved_head_dim, self.rope_max_wavelength, self.rope_scaling
+            )
+        except ValueError as error:
+            raise ValueError(f"Invalid config value `rope_scaling`: {error}") from None
 
     def _check_disentangled(self) -> None:
         """`pooler_activation`, and the `disentangled` group: set (by default

@@ -217,7 +217,12 @@ def test_export_rejects_unrepresentable(tmp_path):
         (
             "llama",
             dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}),
-            "llama3",
+            "'llama3' needs low_freq_factor, high_freq_factor",
+        ),
+        (
+            "llama",
+            dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}),
+            "'dynamic' is not supported; supported: default, linear, llama3",
         ),
         ("gpt2", dict(n_inner=64), "transformer.h.0.mlp.c_fc.weight"),
         ("llama", dict(num_hidden_layers=3), "model.layers.2"),

@@ -241,8 +241,9 @@ def test_phi3_export_fused(hf_dirs, tmp_path):
         (
             "phi3",
             dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 4}),
-            "rope_scaling of type 'longrope'",
+            "rope_scaling.*'longrope' needs long_factor",
         ),
+        ("phi3", dict(rope_scaling={"type": "su"}), "'su'.*set its type to 'longrope'"),
         ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
         ("qwen2", dict(num_hidden_layers=3), "model.layers.2"),
     ],

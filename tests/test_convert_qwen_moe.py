@@ -278,7 +278,7 @@ def test_sparse_layers_map_to_every_k_layers(layers, step, dense, k):
         (dict(hidden_act="gelu"), "Qwen2-MoE hidden_act='gelu'.*only 'silu'"),
         (
             dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}),
-            "Qwen2-MoE rope scaling type 'llama3'",
+            "rope_scaling.*'llama3' needs low_freq_factor",
         ),
         (dict(moe_intermediate_size=20), "mlp.experts.0.gate_proj.weight.*shape"),
         (

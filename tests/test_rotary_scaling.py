@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformers.layers import RotaryEmbedding
-from keras_transformers.layers.rotary_scaling import rotary_frequencies
+from keras_transformers.rotary_scaling import rotary_frequencies
 from tests.contracts import to_numpy
 
 transformers = pytest.importorskip("transformers")

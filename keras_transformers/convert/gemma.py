@@ -70,7 +70,8 @@ def config_from_hf(hf: dict) -> dict:
     Raises:
         ValueError: an option we cannot reproduce (activation other than
             gelu_pytorch_tanh, `attention_bias`, `use_bidirectional_attention`,
-            rope scaling other than linear).
+            rope scaling other than linear, llama3, yarn
+            or longrope).
     """
     _check(hf)
     # Llama's mapping checks a SwiGLU layout; Gemma's activation is set after.

@@ -21,6 +21,7 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
+from keras_transformers.rotary_scaling import rope_type
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "llama"
@@ -33,20 +34,31 @@ ATTENTION = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o
 MLP = {"gate_dense": "gate_proj", "inner_dense": "up_proj", "output_dense": "down_proj"}
 
 
-def _rope(hf: dict) -> tuple[float, float]:
-    """(theta, linear scaling factor) from either config layout: transformers
-    5 `rope_parameters`, or the older top-level `rope_theta` + `rope_scaling`."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+def _rope(hf: dict) -> tuple[float, float, dict | None]:
+    """(theta, linear scaling factor, long-context scaling dict or None) from
+    either config layout: transformers 5 `rope_parameters`, or the older
+    top-level `rope_theta` + `rope_scaling`. YaRN and LongRoPE get their
+    `factor` written out where the checkpoint derives it from
+    `max_position_embeddings`."""
+    # transformers reads `rope_scaling` first where both are present.
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    params.pop("type", None)
+    default = (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    theta = params.pop("rope_theta", hf.get("rope_theta", default))
     if kind == "default":
-        return float(theta), 1.0
+        return float(theta), 1.0, None
     if kind == "linear":
-        return float(theta), float(params["factor"])
-    raise ValueError(
-        f"Llama rope scaling type {kind!r} is not supported; supported: none "
-        "('default') and 'linear'."
-    )
+        return float(theta), float(params["factor"]), None
+    rope_type({"rope_type": kind})  # names the supported types
+    original = params.get("original_max_position_embeddings")
+    if original is None and hf.get("original_max_position_embeddings"):  # Phi-3
+        original = params["original_max_position_embeddings"] = hf[
+            "original_max_position_embeddings"
+        ]
+    if kind in ("yarn", "longrope") and params.get("factor") is None and original:
+        params["factor"] = hf.get("max_position_embeddings", 2048) / original
+    return float(theta), 1.0, {"rope_type": kind, **params}
 
 
 @register_converter(MODEL_TYPE)
@@ -71,7 +83,7 @@ def config_from_hf(hf: dict) -> dict:
             f"Llama config has attention_bias={attention_bias} but mlp_bias={mlp_bias}; "
             "keras_transformers has one `use_bias` for both, so they must be equal."
         )
-    theta, factor = _rope(hf)
+    theta, factor, scaling = _rope(hf)
     hidden, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim")
     vocab = hf.get("vocab_size", 32000)
@@ -89,6 +101,7 @@ def config_from_hf(hf: dict) -> dict:
         position_embedding="rotary",
         rope_max_wavelength=theta,
         rope_scaling_factor=factor,
+        rope_scaling=scaling,
         activation="silu",
         gated_feed_forward=True,
         use_bias=attention_bias,
@@ -186,6 +199,7 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
     check_exportable(config, required, model_type)
     theta, factor = float(config.rope_max_wavelength), float(config.rope_scaling_factor)
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    scaling = dict(config.rope_scaling) if config.rope_scaling else scaling
     return {
         "model_type": model_type,
         "vocab_size": config.vocabulary_size,

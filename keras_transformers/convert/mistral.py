@@ -34,7 +34,8 @@ def config_from_hf(hf: dict) -> dict:
 
     Raises:
         ValueError: an option we cannot reproduce (activation other than
-            silu, rope scaling other than linear).
+            silu, rope scaling other than linear, llama3, yarn
+            or longrope).
     """
     fields = llama.derived_config(hf, "Mistral", DEFAULTS, **NO_BIAS)
     fields["sliding_window"] = {**DEFAULTS, **hf}["sliding_window"]

@@ -77,7 +77,8 @@ def config_from_hf(hf: dict) -> dict:
 
     Raises:
         ValueError: an option we cannot reproduce (activation other than
-            silu, rope scaling other than linear) or an invalid expert count.
+            silu, rope scaling other than linear, llama3, yarn
+            or longrope) or an invalid expert count.
     """
     # Mixtral has no attention / MLP biases (its config has no such keys).
     hf_llama = {**DEFAULTS, **hf, "attention_bias": False, "mlp_bias": False}

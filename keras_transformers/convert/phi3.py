@@ -8,8 +8,9 @@ fuses them again. `sliding_window` (null: full attention) maps to the
 config's `sliding_window` (transformers applies it to Phi-3 as to Mistral).
 Phi-3 has no biases.
 
-Not supported (a ValueError names them): `rope_scaling` of type `longrope`
-(or the older `su` / `yarn`: the 128k-context variants) and
+The 128k-context variants' `rope_scaling` of type `longrope` (or `yarn`)
+converts (`keras_transformers.rotary_scaling`). Not supported (a
+ValueError names them): the older type name `su` and
 `partial_rotary_factor` != 1.
 
 Nothing in a `TransformerConfig` tells a Phi-3 model from a Llama one, so
@@ -57,10 +58,10 @@ def _check_rope(hf: dict) -> None:
     layouts = [hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}, hf]
     for params in layouts[:2]:
         kind = params.get("rope_type", params.get("type", "default"))
-        if kind in ("longrope", "su", "yarn"):
+        if kind == "su":
             raise ValueError(
-                f"Phi3 rope_scaling of type {kind!r} (the long-context variants) is "
-                "not supported; only rope_scaling=null converts."
+                "Phi3 rope_scaling of type 'su' (the first name of LongRoPE) is not "
+                "supported; set its type to 'longrope' (same fields)."
             )
     for params in layouts:
         factor = params.get("partial_rotary_factor", 1.0)
@@ -77,7 +78,7 @@ def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Phi-3 `config.json` dict.
 
     Raises:
-        ValueError: an option we cannot reproduce (`rope_scaling` longrope /
+        ValueError: an option we cannot reproduce (`rope_scaling` of type
             su, `partial_rotary_factor` != 1, activation other than silu).
     """
     _check_rope(hf)

@@ -48,7 +48,8 @@ def config_from_hf(hf: dict) -> dict:
 
     Raises:
         ValueError: an option we cannot reproduce (`use_sliding_window`,
-            activation other than silu, rope scaling other than linear).
+            activation other than silu, rope scaling other than linear, llama3, yarn
+            or longrope).
     """
     check_full_attention(hf, "Qwen2")
     fields = llama.derived_config(hf, "Qwen2", DEFAULTS, **NO_BIAS)

@@ -56,7 +56,8 @@ def config_from_hf(hf: dict) -> dict:
     Raises:
         ValueError: an option we cannot reproduce (`attention_bias`,
             `use_sliding_window`, sparse layers not every k-th, activation
-            other than silu, rope scaling other than linear) or an invalid
+            other than silu, rope scaling other than linear, llama3, yarn
+            or longrope) or an invalid
             expert count.
     """
     if hf.get("attention_bias", False):

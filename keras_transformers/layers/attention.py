@@ -53,6 +53,8 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_max_wavelength: if set, rotary positions with this base are
             applied to queries and keys (see `process_heads`).
         rope_scaling_factor: rotary position interpolation factor.
+        rope_scaling: a Hugging Face rotary scaling dict (`llama3`, `yarn`,
+            `longrope`; see `RotaryEmbedding`), or None.
         attention_scale: factor on the query-key logits; None (default) is
             `1 / sqrt(head_dim)` (T5: 1.0, its scale folded into the weights).
         fused: use fused attention (`keras.ops.dot_product_attention`, or
@@ -129,6 +131,7 @@ class MultiHeadAttention(keras.layers.Layer):
         sliding_window=None,
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
+        rope_scaling=None,
         attention_scale=None,
         fused=None,
         kernel_initializer="glorot_uniform",
@@ -154,6 +157,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.rope_max_wavelength = rope_max_wavelength
         self.rope_scaling_factor = rope_scaling_factor
+        self.rope_scaling = rope_scaling
         self.attention_scale = attention_scale
         self.fused = fused
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -162,6 +166,7 @@ class MultiHeadAttention(keras.layers.Layer):
             self.rotary = RotaryEmbedding(
                 rope_max_wavelength,
                 rope_scaling_factor,
+                scaling=rope_scaling,
                 dtype=self.dtype_policy,
                 name="rotary",
             )
@@ -422,6 +427,7 @@ class MultiHeadAttention(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
+            rope_scaling=self.rope_scaling,
             attention_scale=self.attention_scale,
             fused=self.fused,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),

@@ -46,6 +46,8 @@ class TransformerBlock(keras.layers.Layer):
         sliding_window: local causal attention span.
         rope_max_wavelength: rotary base; None for no rotary positions.
         rope_scaling_factor: rotary position interpolation.
+        rope_scaling: a Hugging Face rotary scaling dict (`llama3`, `yarn`,
+            `longrope`; see `RotaryEmbedding`), or None.
         attention_scale: factor on the query-key logits of both attentions;
             None is `1 / sqrt(head_dim)` (T5: 1.0).
         feed_forward: a layer that replaces the dense feed-forward (e.g.
@@ -97,6 +99,7 @@ class TransformerBlock(keras.layers.Layer):
         sliding_window=None,
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
+        rope_scaling=None,
         attention_scale=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
@@ -127,6 +130,7 @@ class TransformerBlock(keras.layers.Layer):
         self.sliding_window = sliding_window
         self.rope_max_wavelength = rope_max_wavelength
         self.rope_scaling_factor = rope_scaling_factor
+        self.rope_scaling = rope_scaling
         self.attention_scale = attention_scale
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         if isinstance(feed_forward, dict):
@@ -158,6 +162,7 @@ class TransformerBlock(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
+            rope_scaling=self.rope_scaling,
             name="self_attention",
             **common,
         )
@@ -315,6 +320,7 @@ class TransformerBlock(keras.layers.Layer):
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
+            rope_scaling=self.rope_scaling,
             attention_scale=self.attention_scale,
             feed_forward=keras.layers.serialize(self.feed_forward)
             if custom_ff

@@ -11,7 +11,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.compiled import slice_rows
-from keras_transformers.layers.rotary_scaling import rope_type, rotary_frequencies
+from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
 from keras_transformers.layers.serializable import serializable
 
 
@@ -38,7 +38,7 @@ class RotaryEmbedding(keras.layers.Layer):
             by this factor. Defaults to 1.0.
         scaling: a Hugging Face rotary scaling dict (`rope_parameters` or
             `rope_scaling` without `rope_theta`): `linear`, `llama3`,
-            `yarn` or `longrope` (see `keras_transformers.layers.rotary_scaling`).
+            `yarn` or `longrope` (see `keras_transformers.rotary_scaling`).
             None: plain rotary.
         max_position: the model's `max_position_embeddings`, from which YaRN
             and LongRoPE derive their factor when `scaling` gives none.

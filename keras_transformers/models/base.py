@@ -70,6 +70,7 @@ def block_kwargs(
         sliding_window=config.sliding_window if causal else None,
         rope_max_wavelength=config.rope_max_wavelength if config.rotary else None,
         rope_scaling_factor=config.rope_scaling_factor,
+        rope_scaling=config.rope_scaling,
         attention_scale=config.resolved_attention_scale,
         kernel_initializer=initializer(config),
     )
@@ -289,10 +290,9 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
 
     def make_train_function(self, force=False):
         """Keras' train function; with PyTorch's compiled path, one that
-        traces the model fewer times and compiles once
-        (`backend.compiled.train_function`); on TensorFlow, one traced
-        once and freed with the model
-        (`backend.compiled.prepare_tensorflow_step`)."""
+        traces the model fewer times and compiles once (`train_function`);
+        on TensorFlow, one traced once and freed with the model
+        (`prepare_tensorflow_step`; both in `backend.compiled`)."""
         prepare_tensorflow_step(self)
         function = train_function(self, force, check_inputs=host_inputs)
         return super().make_train_function(force) if function is None else function
