@@ -29,6 +29,11 @@ PUBLISHED = {
     "llama2_7b": (6.74e9, 0.005),
     "llama2_13b": (13.0e9, 0.01),
     "llama3_8b": (8.03e9, 0.005),
+    # Exact: transformers' LlamaForCausalLM built from the published
+    # config.json under torch.device("meta"), numel summed (tied for 3.2).
+    "llama3.1_8b": (8_030_261_248, 1e-12),
+    "llama3.2_1b": (1_235_814_400, 1e-12),
+    "llama3.2_3b": (3_212_749_824, 1e-12),
     # BART: transformers' BartForConditionalGeneration parameter count (built
     # on the meta device, shared embedding once) less the 2 offset rows of
     # each position table, plus final_logits_bias (a buffer there).
