@@ -50,7 +50,6 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from keras_transformers._param_count import count_params
-from keras_transformers.rotary_scaling import rotary_frequencies
 from keras_transformers._validation import (
     _check_attention_knobs,
     _check_bool,
@@ -68,6 +67,7 @@ from keras_transformers.config_groups import (  # noqa: F401 (public names)
     MoEConfig,
     VisionConfig,
 )
+from keras_transformers.rotary_scaling import rotary_frequencies
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post")

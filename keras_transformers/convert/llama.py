@@ -21,8 +21,8 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
-from keras_transformers.rotary_scaling import rope_type
 from keras_transformers.registry import register_converter
+from keras_transformers.rotary_scaling import rope_type
 
 MODEL_TYPE = "llama"
 BASE_ARCHITECTURE = "LlamaModel"

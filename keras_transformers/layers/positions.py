@@ -4,6 +4,7 @@ T5's relative position bias."""
 from __future__ import annotations
 
 import functools
+import json
 
 import keras
 import numpy as np
@@ -11,8 +12,8 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.compiled import slice_rows
-from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
 from keras_transformers.layers.serializable import serializable
+from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
 
 
 @functools.cache
@@ -22,6 +23,16 @@ def inverse_frequencies(head_dim: int, max_wavelength: float):
     exponent = np.arange(0, head_dim, 2, dtype="float32") / np.float32(head_dim)
     inverse = np.float32(1.0) / np.power(np.float32(max_wavelength), exponent)
     return np.concatenate([inverse, inverse]).astype("float32")
+
+
+@functools.cache
+def _scaled_frequencies(head_dim, max_wavelength, scaling_json, max_position, long):
+    """`rotary_frequencies` for a scaling given as JSON, repeated for both
+    halves of a head: `([H] float32, cos/sin factor)`, computed once."""
+    half, factor = rotary_frequencies(
+        head_dim, max_wavelength, json.loads(scaling_json), max_position, long
+    )
+    return np.concatenate([half, half]), factor
 
 
 @serializable
@@ -69,6 +80,8 @@ class RotaryEmbedding(keras.layers.Layer):
         self.scaling = dict(scaling) if scaling else None
         self.max_position = max_position
         rope_type(self.scaling)  # an unsupported type fails here
+        # The scaling as a hashable key (memo and frequency cache).
+        self._scaling_key = json.dumps(self.scaling, sort_keys=True)
         self.built = True
 
     def call(self, x, positions=None):
@@ -88,7 +101,7 @@ class RotaryEmbedding(keras.layers.Layer):
             head_dim,
             self.max_wavelength,
             self.scaling_factor,
-            id(self.scaling),
+            self._scaling_key,
         )
         # The memo keeps `positions` alive, so its id stays its own.
         _, cos, sin = backend.memo(
@@ -127,10 +140,10 @@ class RotaryEmbedding(keras.layers.Layer):
             return backend.from_numpy(inverse), 1.0
 
         def both_halves(long):
-            half, factor = rotary_frequencies(
-                head_dim, self.max_wavelength, self.scaling, self.max_position, long
+            inverse, factor = _scaled_frequencies(
+                head_dim, self.max_wavelength, self._scaling_key, self.max_position, long
             )
-            return backend.from_numpy(np.concatenate([half, half])), factor
+            return backend.from_numpy(inverse), factor
 
         inverse, factor = both_halves(False)
         if rope_type(self.scaling) == "longrope":
