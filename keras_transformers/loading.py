@@ -13,6 +13,7 @@ from pathlib import Path
 
 from keras_transformers import preset_io, registry
 from keras_transformers.config import TransformerConfig
+from keras_transformers.deferred import deferred_initialization, loaded
 
 
 def preset_data(handle) -> dict:
@@ -133,8 +134,6 @@ def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
     saved_size = _image_size(TransformerConfig.from_dict(data["config"]))
     resize = saved_size is not None and saved_size != _image_size(config)
     at_saved = config.replace(image_size=saved_size) if resize else config
-    from keras_transformers.convert.deferred import deferred_initialization, loaded
-
     # Built without random draws: a successful load fills every variable
     # (Keras raises when one is missing from the file).
     with deferred_initialization():

@@ -17,7 +17,7 @@ import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
 from keras_transformers.convert import export_hf  # noqa: E402
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint  # noqa: E402
-from keras_transformers.convert.deferred import deferred_initialization  # noqa: E402
+from keras_transformers.deferred import deferred_initialization  # noqa: E402
 from keras_transformers.models import GPTCausalLM  # noqa: E402
 
 LLAMA = dict(

@@ -45,7 +45,7 @@ from keras_transformers.convert import (
     vit,
 )
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
-from keras_transformers.convert.deferred import deferred_initialization
+from keras_transformers.deferred import deferred_initialization
 from keras_transformers.preset_io import instantiate, load_assets, split_task_arguments
 
 # model_type -> converter module (each registers itself, see

@@ -9,7 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers.backend.loading import assign_array
-from keras_transformers.convert.deferred import initialize, loaded
+from keras_transformers.deferred import initialize, loaded
 
 
 def assign(
@@ -38,7 +38,7 @@ def assign(
 def write(variable, value: np.ndarray) -> None:
     """Copies `value` (our layout: its C-order reshape is the variable; any
     strides and dtype) into `variable` and marks it loaded (see
-    `keras_transformers.convert.deferred`)."""
+    `keras_transformers.deferred`)."""
     assign_array(variable, value)
     loaded(variable)
 
