@@ -13,7 +13,6 @@ from pathlib import Path
 
 from keras_transformers import preset_io, registry
 from keras_transformers.config import TransformerConfig
-from keras_transformers.deferred import deferred_initialization, loaded
 
 
 def preset_data(handle) -> dict:
@@ -131,6 +130,8 @@ def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
             f"{weights} is missing. Save the model again with `save_to_preset`, or pass "
             "`load_weights=False` for a randomly initialised model."
         )
+    from keras_transformers.deferred import deferred_initialization, loaded
+
     saved_size = _image_size(TransformerConfig.from_dict(data["config"]))
     resize = saved_size is not None and saved_size != _image_size(config)
     at_saved = config.replace(image_size=saved_size) if resize else config

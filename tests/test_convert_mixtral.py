@@ -234,7 +234,8 @@ def test_hf_weights_round_trip(hf_dirs, tmp_path, kind):
         (dict(hidden_act="gelu"), "Mixtral hidden_act='gelu'.*only 'silu'"),
         (
             dict(rope_parameters={"rope_type": "llama3", "factor": 8.0}),
-            "Mixtral rope scaling type 'llama3'",
+            "Mixtral config's rope_scaling is invalid: Rotary scaling 'llama3' needs "
+            "low_freq_factor",
         ),
         (dict(num_experts_per_tok=5), "num_experts_per_tok=5.*num_local_experts"),
         (dict(num_local_experts=5), "block_sparse_moe.experts.4.w1.weight"),

@@ -22,7 +22,7 @@ from keras_transformers.convert.common import (
     special_ids,
 )
 from keras_transformers.registry import register_converter
-from keras_transformers.rotary_scaling import rope_type
+from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
 
 MODEL_TYPE = "llama"
 BASE_ARCHITECTURE = "LlamaModel"
@@ -67,8 +67,9 @@ def config_from_hf(hf: dict) -> dict:
 
     Raises:
         ValueError: an option we cannot reproduce is set (activation other
-            than silu, attention_bias != mlp_bias, rope scaling other than
-            linear).
+            than silu, attention_bias != mlp_bias, a rope scaling other than
+            linear, llama3, yarn or longrope, or one without the fields its
+            type needs).
     """
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(
@@ -83,9 +84,13 @@ def config_from_hf(hf: dict) -> dict:
             f"Llama config has attention_bias={attention_bias} but mlp_bias={mlp_bias}; "
             "keras_transformers has one `use_bias` for both, so they must be equal."
         )
-    theta, factor, scaling = _rope(hf)
     hidden, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim")
+    try:
+        theta, factor, scaling = _rope(hf)
+        rotary_frequencies(head_dim or hidden // heads, theta, scaling)
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"Llama config's rope_scaling is invalid: {error}") from None
     vocab = hf.get("vocab_size", 32000)
     return dict(
         vocabulary_size=vocab,
