@@ -25,6 +25,7 @@ from keras import ops
 
 from keras_transformers.backend.choices import recompute_reads_variables
 from keras_transformers.config import TransformerConfig
+from keras_transformers.config.layer_types import sliding_windows
 
 # Optimizer slots per trainable parameter (Keras implementations).
 OPTIMIZER_SLOTS = {
@@ -122,7 +123,8 @@ def training_flops_per_token(config: TransformerConfig, sequence_length: int) ->
       positions and class token). An untied LM head and the ViT patch
       projection stay in `N` (they are matmuls); a tied head is not counted.
     * `D` = the attention width `num_heads * head_dim`.
-    * `T` = `sequence_length`, capped at `sliding_window` when one is set.
+    * `T` = `sequence_length`, capped at each layer's sliding window (see
+      `keras_transformers.config.layer_types`); the term sums over layers.
     * `L` = attention sub-layers: `num_layers`, or `num_layers + 2 *
       num_decoder_layers` (self- plus cross-attention) for "encoder_decoder",
       per target token with source and target both `sequence_length` long.
@@ -146,9 +148,13 @@ def training_flops_per_token(config: TransformerConfig, sequence_length: int) ->
         if config.position_embedding == "learned":
             embeddings += config.max_sequence_length * d
     non_embedding = config.num_active_params() - embeddings
-    context = min(sequence_length, config.sliding_window or sequence_length)
     width = config.num_heads * config.resolved_head_dim
-    return float(6 * non_embedding + 12 * _attention_layers(config) * width * context)
+    if config.stacks == "decoder":
+        windows = sliding_windows(config)
+    else:
+        windows = [config.sliding_window] * _attention_layers(config)
+    contexts = sum(min(sequence_length, w or sequence_length) for w in windows)
+    return float(6 * non_embedding + 12 * width * contexts)
 
 
 def _attention_layers(config: TransformerConfig) -> int:

@@ -144,6 +144,28 @@ def converter(model_type: str | None) -> ModuleType:
     return _CONVERTERS[model_type]
 
 
+def export_converter(family: str, config) -> ModuleType:
+    """The converter a `family` model with `config` exports with when no
+    `model_type` is asked for: of the family's converters that declare
+    `EXPORT_ORDER` and `exports(config)`, the first (lowest order) whose
+    `exports(config)` is true.
+
+    Raises:
+        ValueError: no converter of `family` exports `config`.
+    """
+    modules = {id(m): m for m in converters().values()}.values()
+    ranked = sorted(
+        (m for m in modules if converter_family(m) == family and hasattr(m, "exports")),
+        key=lambda m: m.EXPORT_ORDER,
+    )
+    for module in ranked:
+        if module.exports(config):
+            return module
+    raise ValueError(
+        f"No {family}-family converter exports this config; pass model_type."
+    )
+
+
 def converters() -> dict[str, ModuleType]:
     """`{model_type: converter module}` of every registered converter."""
     _load_builtins(_CONVERTERS, _BUILTIN_CONVERTERS)

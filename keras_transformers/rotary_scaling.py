@@ -57,7 +57,9 @@ def _required(scaling, kind, *names):
 
 
 def _default(rotary_dim: int, base: float) -> np.ndarray:
-    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(_F32) / _F32(rotary_dim)
+    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(_F32) / _F32(
+        rotary_dim
+    )
     return _F32(1.0) / np.power(_F32(base), exponent)
 
 
@@ -161,7 +163,8 @@ def _yarn(rotary_dim, base, scaling, factor, original):
     if low == high:
         high += 0.001  # no zero-width ramp
     positions = np.power(
-        _F32(base), np.arange(0, rotary_dim, 2, dtype=np.int64).astype(_F32) / _F32(rotary_dim)
+        _F32(base),
+        np.arange(0, rotary_dim, 2, dtype=np.int64).astype(_F32) / _F32(rotary_dim),
     )
     extrapolated = _F32(1.0) / positions
     interpolated = _F32(1.0) / (_F32(factor) * positions)

@@ -144,14 +144,6 @@ def test_translation_tasks_match_the_data_module():
     assert train.TRANSLATION_TASKS == TASKS
 
 
-def test_deprecated_module_path_still_works():
-    with pytest.warns(DeprecationWarning, match="keras_transformers.cli.lora"):
-        from keras_transformers.cli_lora import load_finetuned
-    from keras_transformers.cli.lora import load_finetuned as new
-
-    assert load_finetuned is new
-
-
 # -- train ------------------------------------------------------------------
 
 

@@ -209,7 +209,7 @@ def test_export_rejects_unrepresentable(tmp_path):
         (
             "gpt2",
             dict(model_type="gpt3"),
-            "Supported model types: \\['gemma', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', "
+            "Supported model types: \\['gemma', 'gemma2', 'gemma3_text', 'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', "
             "'qwen3'\\]",
         ),
         ("llama", dict(hidden_act="gelu"), "hidden_act"),

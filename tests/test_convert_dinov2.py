@@ -133,7 +133,7 @@ def test_config_mapping(hf):
 def test_classifier_head_and_params(hf):
     model = keras_transformers.from_preset(hf["classifier"][0])
     assert tuple(model.classifier.kernel.shape) == (64, 3)  # [2 * D, classes]
-    from keras_transformers._param_count import classifier_params
+    from keras_transformers.config.param_count import classifier_params
 
     config = model.config
     assert model.count_params() == config.num_params() + classifier_params(config, 3)

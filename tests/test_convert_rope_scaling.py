@@ -52,7 +52,10 @@ CASES = {
             original_max_position_embeddings=ORIGINAL,
         ),
     ),
-    "yarn": ("qwen2", dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=ORIGINAL)),
+    "yarn": (
+        "qwen2",
+        dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=ORIGINAL),
+    ),
     "longrope": (
         "phi3",
         dict(

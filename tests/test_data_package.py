@@ -1,40 +1,9 @@
-"""`keras_transformers.data`: one package for text, parallel text and images;
-the old module paths forward to it with a `DeprecationWarning`."""
+"""`keras_transformers.data`: one package for text, parallel text and images."""
 
 import importlib
 
-import pytest
-
 import keras_transformers.data as data
 from keras_transformers.data import images, parallel, text
-
-
-@pytest.mark.parametrize(
-    "old, new, name",
-    [
-        ("keras_transformers.translation", parallel, "task_pairs"),
-        ("keras_transformers.translation", parallel, "make_seq2seq_dataset"),
-        ("keras_transformers.images", images, "read_idx"),
-        ("keras_transformers.images", images, "FASHION_MNIST_CLASSES"),
-    ],
-)
-def test_old_module_warns_and_returns_the_same_object(old, new, name):
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=new.__name__):
-        value = getattr(module, name)
-    assert value is getattr(new, name)
-
-
-def test_from_import_through_an_old_module_warns():
-    with pytest.warns(DeprecationWarning, match="keras_transformers.data.parallel"):
-        from keras_transformers.translation import Seq2SeqDataset
-    assert Seq2SeqDataset is parallel.Seq2SeqDataset
-
-
-def test_old_module_has_no_unknown_names():
-    module = importlib.import_module("keras_transformers.images")
-    with pytest.raises(AttributeError, match="no_such_name"):
-        module.no_such_name  # noqa: B018
 
 
 def test_package_exports_the_public_names_of_its_modules():

@@ -11,7 +11,7 @@ import pytest
 
 import keras_transformers as kt
 from keras_transformers import preset_io
-from keras_transformers._param_count import classifier_params
+from keras_transformers.config.param_count import classifier_params
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = kt.list_presets()
@@ -34,6 +34,14 @@ PUBLISHED = {
     "llama3.1_8b": (8_030_261_248, 1e-12),
     "llama3.2_1b": (1_235_814_400, 1e-12),
     "llama3.2_3b": (3_212_749_824, 1e-12),
+    # Exact: transformers' Gemma2ForCausalLM / Gemma3ForCausalLM (Gemma 3 4B:
+    # its text_config) built from the published config.json under
+    # torch.device("meta"), numel summed (tied head once).
+    "gemma2_2b": (2_614_341_888, 1e-12),
+    "gemma2_9b": (9_241_705_984, 1e-12),
+    "gemma3_270m": (268_098_176, 1e-12),
+    "gemma3_1b": (999_885_952, 1e-12),
+    "gemma3_4b": (3_880_263_168, 1e-12),
     # BART: transformers' BartForConditionalGeneration parameter count (built
     # on the meta device, shared embedding once) less the 2 offset rows of
     # each position table, plus final_logits_bias (a buffer there).

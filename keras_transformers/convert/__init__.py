@@ -15,6 +15,8 @@ weights both ways; nothing is ever unpickled. Each registers itself with
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import warnings
 from pathlib import Path
 
@@ -22,34 +24,18 @@ from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
 from keras_transformers.backend.loading import staging
-from keras_transformers.convert import (
-    bart,
-    bert,
-    deberta,  # noqa: F401 (registers "deberta-v2")
-    deit,
-    dinov2,
-    distilbert,  # noqa: F401 (registers "distilbert")
-    gemma,
-    gpt2,
-    llama,
-    marian,
-    mistral,
-    mixtral,
-    phi3,  # noqa: F401 (registers "phi3"; exported with model_type="phi3")
-    qwen2,
-    qwen2_moe,
-    qwen3,
-    qwen3_moe,
-    roberta,  # noqa: F401 (registers "roberta", "xlm-roberta", "camembert")
-    t5,
-    vit,
-)
+from keras_transformers.convert import bart, bert, marian, t5, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.deferred import deferred_initialization
 from keras_transformers.preset_io import instantiate, load_assets, split_task_arguments
 
-# model_type -> converter module (each registers itself, see
-# `keras_transformers.registry.register_converter`).
+# Every module of this package is imported: each converter module registers
+# its model type(s) (`keras_transformers.registry.register_converter`), so a
+# new type is a new module here and edits no shared file.
+for _module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+    importlib.import_module(f"keras_transformers.convert.{_module.name}")
+
+# model_type -> converter module.
 CONVERTERS = registry.converters()
 
 
@@ -200,48 +186,13 @@ def _converter_of_family(model_type: str, family: str):
     return module
 
 
-def _gpt_converter(config, model_type=None):
-    """The converter a GPT-family `config` exports with: `model_type` when
-    given; else learned positions as gpt2; rotary ones as gemma
-    (`scale_embeddings`), qwen3 (`qk_norm`), qwen2 (`qkv_bias` alone),
-    mistral (a sliding window, no biases) or llama."""
+def _converter(family: str, config, model_type=None):
+    """The converter a `family` model with `config` exports with:
+    `model_type`'s when given, else the family's default for the config
+    (each converter module says which configs it takes: `exports`)."""
     if model_type is not None:
-        return _converter_of_family(model_type, "gpt")
-    if config.position_embedding != "rotary":
-        return gpt2
-    if config.scale_embeddings:
-        return gemma
-    if config.qk_norm:
-        return qwen3
-    if config.qkv_bias and not config.use_bias:
-        return qwen2
-    if config.sliding_window is not None and not config.use_bias:
-        return mistral
-    return llama
-
-
-def _mixtral_converter(config, model_type=None):
-    """The converter a Mixtral-family `config` exports with: `model_type`
-    when given; else qwen3_moe (`qk_norm`), qwen2_moe (a gated shared
-    expert, or `qkv_bias`) or mixtral."""
-    if model_type is not None:
-        return _converter_of_family(model_type, "mixtral")
-    if config.qk_norm:
-        return qwen3_moe
-    if (config.moe is not None and config.moe.shared_expert_gate) or config.qkv_bias:
-        return qwen2_moe
-    return mixtral
-
-
-def _vit_converter(config, model_type=None):
-    """The converter a ViT-family `config` exports with: `model_type` when
-    given; else deit (`vision.distillation_token`), dinov2 (`layer_scale`)
-    or vit."""
-    if model_type is not None:
-        return _converter_of_family(model_type, "vit")
-    if config.vision.distillation_token:
-        return deit
-    return dinov2 if config.layer_scale is not None else vit
+        return _converter_of_family(model_type, family)
+    return registry.export_converter(family, config)
 
 
 def _bert_export(model, model_type=None):
@@ -318,13 +269,11 @@ def export_hf(model, directory, model_type=None) -> None:
     elif family == "transformer":  # learned positions: BART's layout
         learned = backbone.config.position_embedding == "learned"
         hf, tensors = (bart if learned else marian).export(model)
-    elif family == "mixtral":
-        hf, tensors = _mixtral_converter(backbone.config, model_type).export(model)
-    elif family == "vit":
-        hf, tensors = _vit_converter(backbone.config, model_type).export(model)
+    elif family in ("mixtral", "vit"):
+        hf, tensors = _converter(family, backbone.config, model_type).export(model)
     elif family == "gpt":
         config = backbone.config
-        module = _gpt_converter(config, model_type)
+        module = _converter(family, config, model_type)
         hf = {**module.hf_config(config), "architectures": [module.ARCHITECTURE]}
         tensors = module.export_weights(backbone)
     else:

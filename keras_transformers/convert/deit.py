@@ -132,3 +132,14 @@ def export(model) -> tuple[dict, dict]:
 
 
 _THIS = sys.modules[__name__]
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 10
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as deit: a distillation token."""
+    return bool(config.vision.distillation_token)

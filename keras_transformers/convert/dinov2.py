@@ -244,3 +244,14 @@ def export(model) -> tuple[dict, dict]:
 
 
 _THIS = sys.modules[__name__]
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 20
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as dinov2: LayerScale."""
+    return bool(config.layer_scale is not None)

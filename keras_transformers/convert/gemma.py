@@ -84,7 +84,7 @@ def _is_norm(name: str) -> bool:
     return name.endswith("norm.weight")
 
 
-class _OffsetNorms:
+class OffsetNorms:
     """A `Checkpoint` whose RMSNorm weights read as `1 + w` (float32)."""
 
     def __init__(self, checkpoint) -> None:
@@ -104,7 +104,7 @@ class _OffsetNorms:
 def load_weights(backbone, checkpoint, require_head: bool) -> None:
     """Copies a Gemma checkpoint into `backbone` (a `GPTBackbone`)."""
     llama.load_weights(
-        backbone, _OffsetNorms(checkpoint), require_head, model_type=MODEL_TYPE
+        backbone, OffsetNorms(checkpoint), require_head, model_type=MODEL_TYPE
     )
 
 
@@ -126,6 +126,17 @@ def hf_config(config) -> dict:
     )
     del hf["mlp_bias"]
     return {**hf, "hidden_act": GELU_TANH[0], "hidden_activation": GELU_TANH[0]}
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 30
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as gemma: scaled embeddings."""
+    return bool(config.scale_embeddings)
 
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

@@ -187,3 +187,14 @@ def export_weights(backbone) -> dict[str, np.ndarray]:
     export_layer(out, backbone.final_norm, p + "ln_f")
     export_head(out, backbone.token_embedding)
     return out
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 0
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as gpt2: learned positions."""
+    return bool(config.position_embedding != "rotary")

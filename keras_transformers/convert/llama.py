@@ -61,6 +61,21 @@ def _rope(hf: dict) -> tuple[float, float, dict | None]:
     return float(theta), 1.0, {"rope_type": kind, **params}
 
 
+def rope_fields(hf: dict, head_dim: int) -> tuple[float, float, dict | None]:
+    """`(rope_max_wavelength, rope_scaling_factor, rope_scaling)` of a
+    config dict's rotary keys (either layout), checked for `head_dim`.
+
+    Raises:
+        ValueError: a scaling type we lack, or one without its fields.
+    """
+    try:
+        theta, factor, scaling = _rope(hf)
+        rotary_frequencies(head_dim, theta, scaling)
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"Llama config's rope_scaling is invalid: {error}") from None
+    return theta, factor, scaling
+
+
 @register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Llama `config.json` dict.
@@ -86,11 +101,7 @@ def config_from_hf(hf: dict) -> dict:
         )
     hidden, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim")
-    try:
-        theta, factor, scaling = _rope(hf)
-        rotary_frequencies(head_dim or hidden // heads, theta, scaling)
-    except (ValueError, KeyError) as error:
-        raise ValueError(f"Llama config's rope_scaling is invalid: {error}") from None
+    theta, factor, scaling = rope_fields(hf, head_dim or hidden // heads)
     vocab = hf.get("vocab_size", 32000)
     return dict(
         vocabulary_size=vocab,
@@ -130,7 +141,8 @@ def derived_config(hf: dict, name: str, defaults: dict, **forced) -> dict:
 
 def _layers(block):
     """(layer, HF name, kernel shape) of a block's attention and norms
-    (with `qk_norm`, the per-head `q_norm` / `k_norm` `[H]` of Qwen3)."""
+    (with `qk_norm`, the per-head `q_norm` / `k_norm` `[H]` of Qwen3; with
+    sandwich norms, Gemma 2's four per block)."""
     attention = block.self_attention
     out = [
         (layer, f"self_attn.{ATTENTION[role]}", shape)
@@ -140,7 +152,13 @@ def _layers(block):
         out.append((attention.query_norm, "self_attn.q_norm", None))
         out.append((attention.key_norm, "self_attn.k_norm", None))
     out.append((block.self_attention_norm, "input_layernorm", None))
-    out.append((block.feed_forward_norm, "post_attention_layernorm", None))
+    if block.self_attention_post_norm is None:
+        out.append((block.feed_forward_norm, "post_attention_layernorm", None))
+        return out
+    # Sandwich norms (Gemma 2 and 3): a norm before and after each sub-layer.
+    out.append((block.self_attention_post_norm, "post_attention_layernorm", None))
+    out.append((block.feed_forward_norm, "pre_feedforward_layernorm", None))
+    out.append((block.feed_forward_post_norm, "post_feedforward_layernorm", None))
     return out
 
 
@@ -251,3 +269,14 @@ def export_weights(backbone, feed_forward=_export_mlp) -> dict[str, np.ndarray]:
     export_layer(out, backbone.final_norm, p + "norm")
     export_head(out, backbone.token_embedding)
     return out
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 100
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as llama: any other rotary decoder."""
+    return True

@@ -55,4 +55,15 @@ def hf_config(config) -> dict:
     return {**hf, "sliding_window": config.sliding_window}
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 60
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as mistral: a sliding window without biases."""
+    return bool(config.sliding_window is not None and not config.use_bias)
+
+
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

@@ -234,4 +234,15 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, export_weights(backbone)
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 100
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as mixtral: any other sparse decoder."""
+    return True
+
+
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

@@ -77,4 +77,15 @@ def hf_config(config) -> dict:
     return {**hf, **full_attention_keys(config)}
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 50
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as qwen2: query/key/value biases alone."""
+    return bool(config.qkv_bias and not config.use_bias)
+
+
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

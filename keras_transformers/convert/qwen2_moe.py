@@ -232,4 +232,17 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, export_weights(backbone)
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 20
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as qwen2_moe: a gated shared expert or query/key/value biases."""
+    return bool(
+        (config.moe is not None and config.moe.shared_expert_gate) or config.qkv_bias
+    )
+
+
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

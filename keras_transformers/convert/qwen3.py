@@ -56,4 +56,15 @@ def hf_config(config) -> dict:
     return {**hf, **qwen2.full_attention_keys(config)}
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 40
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as qwen3: q/k norms."""
+    return bool(config.qk_norm)
+
+
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

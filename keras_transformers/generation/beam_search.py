@@ -42,8 +42,8 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers._validation import check_argument_number
 from keras_transformers.backend.compiled import compile_step, compiled_decoding
+from keras_transformers.config.validation import check_argument_number
 from keras_transformers.generation.loop import _column, _compiled, _loop_index
 
 PENALTY_STYLES = ("gnmt", "power")

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_transformers._validation import (
+from keras_transformers.config.validation import (
     check_argument_choice,
     check_argument_int,
     check_argument_number,

@@ -28,6 +28,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers.config.layer_types import sliding_windows
 from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.loop import (
@@ -70,7 +71,7 @@ def _prefix_length(config, min_length, length):
     Hugging Face does."""
     if backend.eager_loops():
         return min_length
-    if config.sliding_window is None:
+    if not any(sliding_windows(config)):
         prefix = -(-min_length // BUCKET) * BUCKET
         return None if prefix >= length else prefix
     return (min_length - 1) // BUCKET * BUCKET

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from keras import ops
 
-from keras_transformers._validation import check_argument_int, check_argument_number
+from keras_transformers.config.validation import (
+    check_argument_int,
+    check_argument_number,
+)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,11 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers._validation import check_argument_choice, check_argument_int
 from keras_transformers.backend.compiled import compile_step, compiled_decoding
+from keras_transformers.config.validation import (
+    check_argument_choice,
+    check_argument_int,
+)
 from keras_transformers.generation.beam_search import BeamSpec, beam_search
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.generate import (

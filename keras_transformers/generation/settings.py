@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from keras_transformers._validation import check_argument_int
+from keras_transformers.config.validation import check_argument_int
 from keras_transformers.generation.config import generation_config
 
 DEFAULT_MAX_NEW_TOKENS = 32

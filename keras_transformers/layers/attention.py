@@ -7,7 +7,6 @@ H head size.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import keras
@@ -15,7 +14,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.backend.choices import explicit_attention_faster
+from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import (
     EinsumDense,
     RMSNormalization,
@@ -57,6 +56,9 @@ class MultiHeadAttention(keras.layers.Layer):
             `longrope`; see `RotaryEmbedding`), or None.
         attention_scale: factor on the query-key logits; None (default) is
             `1 / sqrt(head_dim)` (T5: 1.0, its scale folded into the weights).
+        softcap: soft-capping of the scaled logits, `softcap * tanh(logits /
+            softcap)` before the masks (Gemma 2); None (default) for none.
+            Attention is then explicit (no fused kernel takes it).
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
             attention dropout is active, the backend would have to
@@ -133,6 +135,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_scaling_factor=1.0,
         rope_scaling=None,
         attention_scale=None,
+        softcap=None,
         fused=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
@@ -159,6 +162,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.rope_scaling_factor = rope_scaling_factor
         self.rope_scaling = rope_scaling
         self.attention_scale = attention_scale
+        self.softcap = softcap
         self.fused = fused
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.rotary = None
@@ -209,6 +213,16 @@ class MultiHeadAttention(keras.layers.Layer):
                 norm.build((None, None, None, self.head_dim))
                 setattr(self, name, norm)
         self.built = True
+
+    def init_cache(self, batch_size, max_length, dtype):
+        """A zero self-attention cache for decoding up to `max_length`
+        positions: `(key, value)`, each `[B, S, K, H]`, with `S = max_length`,
+        or for a causal sliding window `min(max_length, sliding_window)` (a
+        rolling cache of the most recent positions, see `call`)."""
+        if self.causal and self.sliding_window is not None:
+            max_length = min(max_length, self.sliding_window)
+        shape = (batch_size, max_length, self.num_kv_heads, self.head_dim)
+        return ops.zeros(shape, dtype=dtype), ops.zeros(shape, dtype=dtype)
 
     # ------------------------------------------------------------ extension
     def process_heads(self, query, key, positions):
@@ -315,7 +329,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_offset=offset,
                 key_offset=key_offset,
             )
-        out = self._attend(q, k, v, mask, use_is_causal, training, attention_bias)
+        out = attend(self, q, k, v, mask, use_is_causal, training, attention_bias)
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
 
@@ -349,68 +363,6 @@ class MultiHeadAttention(keras.layers.Layer):
         v = ops.concatenate([cache[1], ops.cast(v, cache[1].dtype)], axis=1)
         return k, v, (k[:, t:], v[:, t:])
 
-    def _attend(self, q, k, v, mask, is_causal, training, bias=None):
-        """`[B, T, N, H]` attention outputs, fused or explicit."""
-        scale = self.attention_scale
-        if scale is None:
-            scale = 1.0 / math.sqrt(self.head_dim)
-        dropout_active = self.dropout > 0 and bool(training)
-        half = keras.backend.standardize_dtype(q.dtype) == "float16"
-        grouped = self.num_heads != self.num_kv_heads
-        fused = self.fused
-        if fused is None:  # fused unless it would need dropout or repeated K/V
-            fused = not dropout_active and (
-                not grouped or backend.supports_native_gqa()
-            )
-            fused = fused and not explicit_attention_faster(
-                half, q.shape[1] == 1, not grouped and backend.xla_cpu()
-            )
-        if fused and not dropout_active and bias is None:
-            return backend.dot_product_attention(
-                q, k, v, mask=mask, scale=scale, is_causal=is_causal
-            )
-        if fused and not dropout_active and not half:
-            # Keras' op takes a bias or a mask, not both: the mask is folded
-            # into the bias (a float16 bias would overflow: explicit path).
-            bias = ops.cast(bias, "float32")
-            if mask is not None:
-                bias = ops.where(mask, bias, -1e9)
-            return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
-        return self._attend_grouped(q, k, v, mask, is_causal, scale, training, bias)
-
-    def _attend_grouped(self, q, k, v, mask, is_causal, scale, training, bias=None):
-        """Explicit attention, float32 softmax, K/V never repeated. Without
-        grouping the heads keep their 4-D layout (no group axis: no extra
-        head-layout copy under XLA)."""
-        b, t = ops.shape(q)[0], ops.shape(q)[1]
-        s = ops.shape(k)[1]
-        groups = self.num_heads // self.num_kv_heads
-        heads = "n"  # [B, N, T, S] scores
-        if groups > 1:
-            q = ops.reshape(q, (b, t, self.num_kv_heads, groups, self.head_dim))
-            heads = "kg"  # [B, K, G, T, S] scores
-        logits = ops.einsum(f"bt{heads}h,bs{heads[0]}h->b{heads}ts", q, k)
-        logits = ops.cast(logits, "float32") * scale
-        if bias is not None:  # [B|1, N|1, T, S] -> the scores' layout
-            bias = ops.cast(bias, "float32")
-            if groups > 1 and bias.shape[1] == 1:
-                bias = bias[:, :, None]
-            elif groups > 1:
-                shape = ops.shape(bias)
-                bias = ops.reshape(
-                    bias, (shape[0], self.num_kv_heads, groups, shape[2], shape[3])
-                )
-            logits = logits + bias
-        if is_causal:
-            mask = attention_mask(t, s, causal=True)
-        if mask is not None:  # [B|1, 1, T, S]
-            mask = mask if groups == 1 else mask[:, :, None]
-            logits = ops.where(mask, logits, -1e9)
-        probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
-        probs = self.dropout_layer(probs, training=training)
-        out = ops.einsum(f"b{heads}ts,bs{heads[0]}h->bt{heads}h", probs, v)
-        return ops.reshape(out, (b, t, self.num_heads, self.head_dim))
-
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -429,6 +381,7 @@ class MultiHeadAttention(keras.layers.Layer):
             rope_scaling_factor=self.rope_scaling_factor,
             rope_scaling=self.rope_scaling,
             attention_scale=self.attention_scale,
+            softcap=self.softcap,
             fused=self.fused,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )

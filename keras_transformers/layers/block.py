@@ -17,8 +17,10 @@ from keras_transformers.memory import rematerialized
 class TransformerBlock(keras.layers.Layer):
     """Self-attention, optional cross-attention, then a feed-forward (or MoE).
 
-    Pre-norm:  `x = x + drop(f(norm(x)))`;  post-norm: `x = norm(x + drop(f(x)))`
-    for each sub-layer f. The placement of the norm is the only branch. With
+    Pre-norm:  `x = x + drop(f(norm(x)))`;  post-norm: `x = norm(x + drop(f(x)))`;
+    sandwich: `x = x + drop(norm'(f(norm(x))))` (Gemma 2 and 3: a second norm,
+    `{part}_post_norm`, on each sub-layer's output) for each sub-layer f.
+    The placement of the norms is the only branch. With
     `layer_scale`, f's output is first multiplied by a learned per-channel
     scale (LayerScale, as DINOv2).
 
@@ -27,7 +29,7 @@ class TransformerBlock(keras.layers.Layer):
         intermediate_dim: F, feed-forward hidden size.
         num_kv_heads: K, key/value heads (GQA). Defaults to N.
         head_dim: H. Defaults to D // N.
-        norm_position: "pre" or "post".
+        norm_position: "pre", "post" or "sandwich".
         norm_type: "layer" or "rms".
         norm_epsilon: epsilon of the norms.
         activation: feed-forward activation name.
@@ -50,6 +52,11 @@ class TransformerBlock(keras.layers.Layer):
             `longrope`; see `RotaryEmbedding`), or None.
         attention_scale: factor on the query-key logits of both attentions;
             None is `1 / sqrt(head_dim)` (T5: 1.0).
+        attention_softcap: soft-capping of the self-attention logits (see
+            `MultiHeadAttention`'s `softcap`); None for none.
+        token_mixer: a layer that replaces the self-attention (it is called
+            as `MultiHeadAttention` is, and owns its cache: `init_cache`);
+            None builds a `MultiHeadAttention` from the arguments above.
         feed_forward: a layer that replaces the dense feed-forward (e.g.
             `SparseMoE`); it maps `[B, T, D]` to `[B, T, D]` and may accept
             `padding_mask` and `training`.
@@ -60,7 +67,8 @@ class TransformerBlock(keras.layers.Layer):
         padding_mask: `[B, T]` (or `[B, S_max]` with a cache), 1 for real tokens.
         encoder_outputs: `[B, S, D]` for cross-attention.
         encoder_padding_mask: `[B, S]`.
-        cache: `(key, value)` self-attention cache, each `[B, S_max, K, H]`.
+        cache: the token mixer's cache (from `init_cache`; self-attention:
+            `(key, value)`, each `[B, S, K, H]`).
         cache_index: position of the first token of `x` in the cache.
         cross_cache: `(key, value)` projected encoder states, each `[B, S, K, H]`.
         attention_bias: additive self-attention logits bias broadcastable to
@@ -101,14 +109,17 @@ class TransformerBlock(keras.layers.Layer):
         rope_scaling_factor=1.0,
         rope_scaling=None,
         attention_scale=None,
+        attention_softcap=None,
+        token_mixer=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if norm_position not in ("pre", "post"):
+        if norm_position not in ("pre", "post", "sandwich"):
             raise ValueError(
-                f"`norm_position` must be 'pre' or 'post'. Received: {norm_position!r}"
+                "`norm_position` must be 'pre', 'post' or 'sandwich'. Received: "
+                f"{norm_position!r}"
             )
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -132,10 +143,14 @@ class TransformerBlock(keras.layers.Layer):
         self.rope_scaling_factor = rope_scaling_factor
         self.rope_scaling = rope_scaling
         self.attention_scale = attention_scale
+        self.attention_softcap = attention_softcap
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         if isinstance(feed_forward, dict):
             feed_forward = keras.layers.deserialize(feed_forward)
+        if isinstance(token_mixer, dict):
+            token_mixer = keras.layers.deserialize(token_mixer)
         self.feed_forward = feed_forward
+        self.token_mixer = token_mixer
 
     def build(self, x_shape, encoder_outputs_shape=None):
         input_shape, encoder_shape = x_shape, encoder_outputs_shape
@@ -157,16 +172,18 @@ class TransformerBlock(keras.layers.Layer):
         norm = lambda name: make_norm(
             self.norm_type, self.norm_epsilon, self.dtype_policy, name
         )  # noqa: E731
-        self.self_attention = MultiHeadAttention(
+        self.self_attention = self.token_mixer or MultiHeadAttention(
             causal=self.causal,
             sliding_window=self.sliding_window,
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
             rope_scaling=self.rope_scaling,
+            softcap=self.attention_softcap,
             name="self_attention",
             **common,
         )
-        self.self_attention.build(input_shape)
+        if not self.self_attention.built:
+            self.self_attention.build(input_shape)
         self.self_attention_norm = norm("self_attention_norm")
         self.self_attention_norm.build(input_shape)
         if self.cross_attention:
@@ -193,7 +210,12 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout_layer = seeded_dropout(self.dropout, dtype=self.dtype_policy)
         parts = ["self_attention", "feed_forward"]
         parts += ["cross_attention"] if self.cross_attention else []
-        for part in parts:  # LayerScale: `{part}_scale`, found by its norm's name
+        for part in parts:  # `{part}_post_norm`, LayerScale's `{part}_scale`
+            post = None
+            if self.norm_position == "sandwich":
+                post = norm(part + "_post_norm")
+                post.build(input_shape)
+            setattr(self, part + "_post_norm", post)
             scale = None
             if self.layer_scale is not None:
                 scale = self.add_weight(
@@ -204,15 +226,26 @@ class TransformerBlock(keras.layers.Layer):
             setattr(self, part + "_scale", scale)
         self.built = True
 
-    def _residual(self, x, norm, sublayer, training):
-        """One residual sub-layer; the norm placement is the only branch."""
-        scale = getattr(self, norm.name.replace("_norm", "_scale"))
-        if scale is not None:
+    def _residual(self, x, part, sublayer, training):
+        """Residual sub-layer `part` ("self_attention", "cross_attention" or
+        "feed_forward"); the norm placement is the only branch."""
+        norm, scale = getattr(self, part + "_norm"), getattr(self, part + "_scale")
+        post = getattr(self, part + "_post_norm")
+        if post is not None:
             inner = sublayer
-            sublayer = lambda h: inner(h) * ops.cast(scale, x.dtype)  # noqa: E731
-        if self.norm_position == "pre":
-            return x + self._dropout(sublayer(call_layer(norm, x)), training)
-        return call_layer(norm, x + self._dropout(sublayer(x), training))
+            sublayer = lambda h: call_layer(post, inner(h))  # noqa: E731
+        if scale is not None:
+            unscaled = sublayer
+            sublayer = lambda h: unscaled(h) * ops.cast(scale, x.dtype)  # noqa: E731
+        if self.norm_position == "post":
+            return call_layer(norm, x + self._dropout(sublayer(x), training))
+        return x + self._dropout(sublayer(call_layer(norm, x)), training)
+
+    def init_cache(self, batch_size, max_length, dtype):
+        """The token mixer's zero cache for decoding up to `max_length`
+        positions (self-attention: a `(key, value)` pair; a sliding window's
+        holds only the window, see `MultiHeadAttention.init_cache`)."""
+        return self.self_attention.init_cache(batch_size, max_length, dtype)
 
     def _dropout(self, x, training):
         if not training or self.dropout == 0:
@@ -244,7 +277,7 @@ class TransformerBlock(keras.layers.Layer):
         memory_mask=None,
     ):
         new_cache = []
-        if memory is not None and self.norm_position == "pre":
+        if memory is not None and self.norm_position != "post":
             memory = call_layer(self.self_attention_norm, memory)
 
         def attend(h):
@@ -264,7 +297,7 @@ class TransformerBlock(keras.layers.Layer):
             new_cache.append(out[1])
             return out[0]
 
-        x = self._residual(x, self.self_attention_norm, attend, training)
+        x = self._residual(x, "self_attention", attend, training)
         if self.cross_attention:
 
             def cross(h):
@@ -278,13 +311,13 @@ class TransformerBlock(keras.layers.Layer):
                 )
                 return out if cross_cache is None else out[0]
 
-            x = self._residual(x, self.cross_attention_norm, cross, training)
+            x = self._residual(x, "cross_attention", cross, training)
         ff_kwargs = {"training": training}
         if getattr(self.feed_forward, "accepts_padding_mask", False):
             ff_kwargs["padding_mask"] = padding_mask
         x = self._residual(
             x,
-            self.feed_forward_norm,
+            "feed_forward",
             lambda h: call_layer(self.feed_forward, h, **ff_kwargs),
             training,
         )
@@ -322,6 +355,10 @@ class TransformerBlock(keras.layers.Layer):
             rope_scaling_factor=self.rope_scaling_factor,
             rope_scaling=self.rope_scaling,
             attention_scale=self.attention_scale,
+            attention_softcap=self.attention_softcap,
+            token_mixer=keras.layers.serialize(self.token_mixer)
+            if self.token_mixer is not None
+            else None,
             feed_forward=keras.layers.serialize(self.feed_forward)
             if custom_ff
             else None,

@@ -141,7 +141,11 @@ class RotaryEmbedding(keras.layers.Layer):
 
         def both_halves(long):
             inverse, factor = _scaled_frequencies(
-                head_dim, self.max_wavelength, self._scaling_key, self.max_position, long
+                head_dim,
+                self.max_wavelength,
+                self._scaling_key,
+                self.max_position,
+                long,
             )
             return backend.from_numpy(inverse), factor
 

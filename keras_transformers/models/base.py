@@ -7,21 +7,20 @@ are known from the config), so a fresh model can load weights at once.
 
 from __future__ import annotations
 
-import contextlib
-
 import keras
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend, loading, lora, preset_io
 from keras_transformers._json import dtype_policy_json
-from keras_transformers._validation import check_argument_int
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import prepare_tensorflow_step, train_function
 from keras_transformers.backend.jax_state import KeepsStateOnError
 from keras_transformers.config import TransformerConfig
-from keras_transformers.layers import SparseMoE, TransformerBlock, make_norm
+from keras_transformers.config.validation import check_argument_int
+from keras_transformers.layers import make_norm
 from keras_transformers.layers.core import Dense, seeded_dropout
+from keras_transformers.models.block_spec import initializer, make_blocks  # noqa: F401
 from keras_transformers.models.inputs import (
     ChecksDataIds,
     check_id_range,
@@ -43,41 +42,6 @@ def resolve_config(config, fields: dict) -> TransformerConfig:
             f"Received: {type(config).__name__}"
         )
     return config.replace(**fields) if fields else config
-
-
-def block_kwargs(
-    config: TransformerConfig, causal: bool, cross_attention: bool = False
-) -> dict:
-    """Keyword arguments of a `TransformerBlock` for `config`."""
-    return dict(
-        num_heads=config.num_heads,
-        intermediate_dim=config.intermediate_dim,
-        num_kv_heads=config.resolved_num_kv_heads,
-        head_dim=config.resolved_head_dim,
-        norm_position=config.norm_position,
-        norm_type=config.norm_type,
-        norm_epsilon=config.norm_epsilon,
-        activation=config.activation,
-        gated=config.gated_feed_forward,
-        use_bias=config.use_bias,
-        qkv_bias=config.use_bias or config.qkv_bias,
-        qk_norm=config.qk_norm,
-        layer_scale=config.layer_scale,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        causal=causal,
-        cross_attention=cross_attention,
-        sliding_window=config.sliding_window if causal else None,
-        rope_max_wavelength=config.rope_max_wavelength if config.rotary else None,
-        rope_scaling_factor=config.rope_scaling_factor,
-        rope_scaling=config.rope_scaling,
-        attention_scale=config.resolved_attention_scale,
-        kernel_initializer=initializer(config),
-    )
-
-
-def initializer(config: TransformerConfig):
-    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
 
 
 def token_initializer(config: TransformerConfig):
@@ -185,52 +149,6 @@ def check_padding_mask(padding_mask, token_ids, name="padding_mask"):
             f"`{ids_name}` shape {tuple(token_ids.shape)}."
         )
     return ops.cast(padding_mask, "bool")
-
-
-def moe_feed_forward(config: TransformerConfig, index: int, dtype):
-    """The `SparseMoE` of decoder block `index`, or None for a dense block."""
-    if not config.moe_layer(index):
-        return None
-    moe = config.moe
-    return SparseMoE(
-        num_experts=moe.num_experts,
-        num_experts_per_token=moe.num_experts_per_token,
-        intermediate_dim=moe.expert_intermediate_dim or config.intermediate_dim,
-        activation=config.activation,
-        gated=config.gated_feed_forward,
-        normalize_router_weights=moe.normalize_router_weights,
-        router_aux_loss_coef=moe.router_aux_loss_coef,
-        router_z_loss_coef=moe.router_z_loss_coef,
-        router_jitter=moe.router_jitter,
-        capacity_factor=moe.capacity_factor,
-        dispatch=moe.dispatch,
-        num_shared_experts=moe.num_shared_experts,
-        shared_expert_intermediate_dim=moe.shared_expert_intermediate_dim,
-        shared_expert_gate=moe.shared_expert_gate,
-        kernel_initializer=initializer(config),
-        dtype=dtype,
-        name="moe",
-    )
-
-
-def make_blocks(config: TransformerConfig, num: int, prefix: str, dtype, **kwargs):
-    """`num` identical, built `TransformerBlock`s for `config`."""
-    blocks = []
-    for i in range(num):
-        ff = moe_feed_forward(config, i, dtype) if kwargs.get("causal") else None
-        name = f"{prefix}_{i}"
-        # `remat`: Keras rematerialises this block (as one unit), not its parts.
-        remat = keras.RematScope("list_of_layers", layer_names=[name])
-        with remat if config.remat else contextlib.nullcontext():
-            block = TransformerBlock(
-                **block_kwargs(config, **kwargs),
-                feed_forward=ff,
-                dtype=dtype,
-                name=name,
-            )
-        block.build((None, None, config.hidden_dim), (None, None, config.hidden_dim))
-        blocks.append(block)
-    return blocks
 
 
 def run_blocks(

@@ -4,8 +4,6 @@ MHA vs GQA, tied vs untied head)."""
 
 from __future__ import annotations
 
-from keras import ops
-
 from keras_transformers.backend import call_layer
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -84,16 +82,13 @@ class GPTBackbone(TextBackbone):
         return x if cache is None else (x, cache)
 
     def init_cache(self, batch_size, max_length):
-        """A zero KV cache: one `(key, value)` pair per block, each
-        `[B, S, K, H]`, in the compute dtype. `S = max_length`, or with a
-        `sliding_window`, `min(max_length, sliding_window)`: a rolling cache
-        of the most recent positions (see `MultiHeadAttention`)."""
-        c = self.config
-        if c.sliding_window is not None:
-            max_length = min(max_length, c.sliding_window)
-        shape = (batch_size, max_length, c.resolved_num_kv_heads, c.resolved_head_dim)
-        zeros = lambda: ops.zeros(shape, dtype=self.compute_dtype)  # noqa: E731
-        return tuple((zeros(), zeros()) for _ in range(c.num_layers))
+        """A zero cache for decoding up to `max_length` positions: each
+        block's own, in the compute dtype (self-attention: a `(key, value)`
+        pair, each `[B, S, K, H]` with `S = max_length`, or for a sliding
+        layer `min(max_length, window)`: a rolling cache of the most recent
+        positions; see `MultiHeadAttention`)."""
+        dtype = self.compute_dtype
+        return tuple(b.init_cache(batch_size, max_length, dtype) for b in self.blocks)
 
     def call_with_memory(self, inputs, memory=None, memory_mask=None, training=None):
         """One Transformer-XL segment, without state: `inputs` as for `call`,

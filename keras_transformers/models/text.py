@@ -8,8 +8,8 @@ import math
 
 import keras
 
-from keras_transformers._validation import check_dtype
 from keras_transformers.backend import call_layer
+from keras_transformers.config.validation import check_dtype
 from keras_transformers.layers import (
     PositionEmbedding,
     SinusoidalPositionEncoding,
@@ -140,10 +140,14 @@ class TextBackbone(ConfiguredModel):
 
     def logits(self, hidden):
         """Projects hidden states `[B, T, D]` to logits `[B, T, V]` (first
-        scaled by `hidden_dim**-0.5` with `scale_logits`)."""
+        scaled by `hidden_dim**-0.5` with `scale_logits`; soft-capped to
+        `logit_softcap * tanh(logits / logit_softcap)` with `logit_softcap`)."""
         if self.config.scale_logits:
             hidden = hidden * self.config.hidden_dim**-0.5
         logits = call_layer(self.token_embedding, hidden, reverse=True)
         if self.logits_bias is not None:
             logits = logits + keras.ops.cast(self.logits_bias, logits.dtype)
+        cap = self.config.logit_softcap
+        if cap is not None:
+            logits = keras.ops.tanh(logits / cap) * cap
         return logits

@@ -7,8 +7,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers._validation import check_dtype
 from keras_transformers.backend import call_layer
+from keras_transformers.config.validation import check_dtype
 from keras_transformers.layers import PatchEmbedding
 from keras_transformers.layers.core import Dense, seeded_dropout
 from keras_transformers.layers.patches import resize_grid

@@ -30,13 +30,17 @@ def count_params(config, active: bool) -> int:
         total += config.num_layers * (2 * heads + d * heads)
     if config.embedding_norm:  # one per stack
         total += norm * (2 if config.stacks == "encoder_decoder" else 1)
-    # Blocks (LayerScale: one `[D]` scale per residual branch).
+    # Blocks (LayerScale: one `[D]` scale per residual branch; "sandwich"
+    # norms: a second norm per branch, on its output).
     scale = d if config.layer_scale is not None else 0
+    per_branch = norm * (2 if config.norm_position == "sandwich" else 1)
     attention = _attention_params(config) + scale
     if config.stacks == "encoder_decoder":
         ffn = _ffn_params(config) + scale
-        encoder = config.num_layers * (attention + ffn + 2 * norm)
-        decoder = config.resolved_num_decoder_layers * (2 * attention + ffn + 3 * norm)
+        encoder = config.num_layers * (attention + ffn + 2 * per_branch)
+        decoder = config.resolved_num_decoder_layers * (
+            2 * attention + ffn + 3 * per_branch
+        )
         total += encoder + decoder
         if config.final_norm:
             total += 2 * norm
@@ -45,7 +49,7 @@ def count_params(config, active: bool) -> int:
             moe = config.moe_layer(i)
             ffn = _moe_params(config, active) if moe else _ffn_params(config)
             ffn += scale
-            total += attention + 2 * norm + ffn
+            total += attention + 2 * per_branch + ffn
         if config.final_norm:
             total += norm
     if config.disentangled is not None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_transformers._validation import (
+from keras_transformers.config.serialization import _Group
+from keras_transformers.config.validation import (
     _check_bool,
     _check_choice,
     _check_float,
     _check_int,
     _check_numbers,
     _fail,
-    _Group,
 )
 
 DISPATCH_MODES = ("sparse", "dense")

@@ -1,65 +1,12 @@
-"""The one configuration schema shared by every family.
-
-A family is a set of values for :class:`TransformerConfig`, not a new class.
-Every field is documented once, here; models derive their `get_config()` from
-this object, so nothing can drift.
-
-Glossary (ours -> paper / Hugging Face):
-
-=====================  ==========================================================
-``vocabulary_size``     vocab_size
-``num_layers``          N / num_hidden_layers / n_layer (encoder stack for seq2seq)
-``num_decoder_layers``  decoder_layers (seq2seq only)
-``hidden_dim``          d_model / hidden_size / n_embd
-``num_heads``           h / num_attention_heads / n_head
-``num_kv_heads``        num_key_value_heads (GQA); None means MHA
-``head_dim``            d_k = d_v / head_dim
-``intermediate_dim``    d_ff / intermediate_size / n_inner
-``max_sequence_length`` max_position_embeddings / n_positions
-``dropout``             P_drop / hidden_dropout_prob / resid_pdrop
-``attention_dropout``   attention_probs_dropout_prob / attn_pdrop
-``norm_epsilon``        layer_norm_eps / rms_norm_eps / layer_norm_epsilon
-``rope_max_wavelength`` rope_theta
-``sliding_window``      sliding_window (Mistral / Mixtral)
-``qkv_bias``            Qwen2's q_proj / k_proj / v_proj biases
-``qk_norm``             Qwen3's q_norm / k_norm
-``relative_attention_*`` relative_attention_num_buckets / _max_distance (T5)
-``disentangled.*``      relative_attention, position_buckets, max_relative_positions,
-                        share_att_key, pos_att_type, norm_rel_ebd (DeBERTa-v2 / v3)
-``pooler_activation``   pooler_hidden_act (DeBERTa's ContextPooler)
-``scale_logits``        scale_decoder_outputs (T5 v1.0: d_model**-0.5, tied head)
-``num_segments``        type_vocab_size (BERT)
-``tie_embeddings``      tie_word_embeddings
-``separate_decoder_positions`` BART's own decoder.embed_positions table
-``moe.num_experts``     num_local_experts (Mixtral) / num_experts (Qwen-MoE)
-``vision.image_size``   image_size (ViT); ``patch_size``, ``num_channels`` alike
-``vision.rescale``      rescale_factor (HF image processor)
-``vision.mean / std``   image_mean / image_std (HF image processor)
-``vision.distillation_token`` DeiT's distillation_token
-``layer_scale``         layerscale_value (DINOv2's layer_scale1 / layer_scale2)
-``pooler``              ViT's pre-logits layer / HF ViTModel's pooler
-``remat``               gradient_checkpointing (HF: a training argument)
-``memory_length``       mem_len (Transformer-XL)
-``clamp_len``           clamp_len (Transformer-XL)
-=====================  ==========================================================
-"""
+"""`TransformerConfig`: the schema every model is built from (see the
+package docstring for the glossary)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-from keras_transformers._param_count import count_params
-from keras_transformers._validation import (
-    _check_attention_knobs,
-    _check_bool,
-    _check_choice,
-    _check_float,
-    _check_int,
-    _fail,
-    _Group,
-)
-from keras_transformers.config_groups import (  # noqa: F401 (public names)
+from keras_transformers.config.groups import (  # noqa: F401 (public names)
     ATTENTION_TERMS,
     DISPATCH_MODES,
     POOLINGS,
@@ -67,10 +14,21 @@ from keras_transformers.config_groups import (  # noqa: F401 (public names)
     MoEConfig,
     VisionConfig,
 )
+from keras_transformers.config.layer_types import check_layer_types, check_windows
+from keras_transformers.config.param_count import count_params
+from keras_transformers.config.serialization import _Group
+from keras_transformers.config.validation import (
+    _check_attention_knobs,
+    _check_bool,
+    _check_choice,
+    _check_float,
+    _check_int,
+    _fail,
+)
 from keras_transformers.rotary_scaling import rotary_frequencies
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 NORM_TYPES = ("layer", "rms")
 POSITION_EMBEDDINGS = (
     "learned",
@@ -100,7 +58,9 @@ class TransformerConfig(_Group):
         head_dim: per-head size H; None = hidden_dim // num_heads.
         stacks: "decoder" (causal LM), "encoder" or "encoder_decoder".
         num_decoder_layers: decoder blocks for "encoder_decoder"; None = num_layers.
-        norm_position: "pre" (x + f(norm(x))) or "post" (norm(x + f(x))).
+        norm_position: "pre" (x + f(norm(x))), "post" (norm(x + f(x))) or
+            "sandwich" (x + norm'(f(norm(x))): a second norm on each
+            sub-layer's output, as Gemma 2 and 3).
         norm_type: "layer" (LayerNorm) or "rms" (RMSNorm).
         norm_epsilon: epsilon of every norm.
         final_norm: a norm after the last block (pre-norm stacks).
@@ -160,6 +120,18 @@ class TransformerConfig(_Group):
         attention_scale: query-key logits factor; None = 1/sqrt(H) (T5: 1.0).
         num_segments: segment (token type) vocabulary; 0 = none (BERT: 2).
         sliding_window: attend to at most this many previous tokens; None = all.
+            Without `layer_types` it applies to every layer; with them, to
+            the "sliding_attention" layers.
+        layer_types: per layer (num_layers entries), its type:
+            "full_attention" or "sliding_attention" (see
+            `keras_transformers.config.layer_types`); None = all layers alike.
+        layer_settings: per layer type, the settings that differ from this
+            config's (`sliding_window`, `rope_max_wavelength`,
+            `rope_scaling_factor`, `rope_scaling`, `rotary`), e.g. Gemma 3's
+            `{"sliding_attention": {"rope_max_wavelength": 10000.0}}`.
+        attention_softcap: soft-capping of the attention logits,
+            `cap * tanh(logits / cap)` after scaling (Gemma 2); None = none.
+        logit_softcap: soft-capping of the output logits (Gemma 2); None = none.
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -219,6 +191,10 @@ class TransformerConfig(_Group):
     attention_scale: float | None = None
     num_segments: int = 0
     sliding_window: int | None = None
+    layer_types: tuple | None = None
+    layer_settings: dict | None = None
+    attention_softcap: float | None = None
+    logit_softcap: float | None = None
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -292,6 +268,10 @@ class TransformerConfig(_Group):
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_int("num_segments", self.num_segments, 0)
         _check_int("sliding_window", self.sliding_window, 1, optional=True)
+        self._check_layer_types()
+        for name in ("attention_softcap", "logit_softcap"):
+            if getattr(self, name) is not None:
+                _check_float(name, getattr(self, name), 1e-6)
         _check_float("dropout", self.dropout, 0.0, 1.0)
         _check_float("attention_dropout", self.attention_dropout, 0.0, 1.0)
         _check_float("initializer_range", self.initializer_range, 0.0)
@@ -321,19 +301,36 @@ class TransformerConfig(_Group):
         if self.rope_scaling is not None:
             self._check_rope_scaling()
 
-    def _check_rope_scaling(self) -> None:
+    def _check_layer_types(self) -> None:
+        """`layer_types` (stored as a tuple) and `layer_settings`; see
+        `keras_transformers.config.layer_types`."""
+        if isinstance(self.layer_types, list):
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        check_layer_types(self, _fail)
+        check_windows(self, _fail)
+        for kind, own in (self.layer_settings or {}).items():
+            base = own.get("rope_max_wavelength", 1.0)
+            _check_float(f"layer_settings[{kind!r}]['rope_max_wavelength']", base, 1.0)
+            factor = own.get("rope_scaling_factor", 1.0)
+            _check_float(
+                f"layer_settings[{kind!r}]['rope_scaling_factor']", factor, 1e-9
+            )
+            if own.get("rope_scaling") is not None:
+                self._check_rope_scaling(own["rope_scaling"], base)
+
+    def _check_rope_scaling(self, scaling=None, base=None) -> None:
         """`rope_scaling`: a dict of a supported type with the fields it
         needs, only with rotary positions."""
-        if not isinstance(self.rope_scaling, dict) or not self.rotary:
+        scaling = self.rope_scaling if scaling is None else scaling
+        base = self.rope_max_wavelength if base is None else base
+        if not isinstance(scaling, dict) or not self.rotary:
             _fail(
                 "rope_scaling",
-                self.rope_scaling,
+                scaling,
                 'None, or a dict (Hugging Face\'s rope_parameters without rope_theta) with position_embedding="rotary"',
             )
         try:
-            rotary_frequencies(
-                self.resolved_head_dim, self.rope_max_wavelength, self.rope_scaling
-            )
+            rotary_frequencies(self.resolved_head_dim, base, scaling)
         except ValueError as error:
             raise ValueError(f"Invalid config value `rope_scaling`: {error}") from None
 
@@ -418,4 +415,4 @@ class TransformerConfig(_Group):
         return f"TransformerConfig({inner})"
 
 
-__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig", "DisentangledConfig"]
+__all__ = ["TransformerConfig"]

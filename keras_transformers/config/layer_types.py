@@ -1,0 +1,134 @@
+"""Per-layer variety in one config: each layer's type and its settings.
+
+A `TransformerConfig` describes its layers with `layer_types` (one entry
+per layer) and `layer_settings` (per type, the settings that differ from
+the config's own):
+
+>>> from keras_transformers import TransformerConfig
+>>> config = TransformerConfig(
+...     vocabulary_size=100, num_layers=3, hidden_dim=32, num_heads=4,
+...     intermediate_dim=64, position_embedding="rotary", rope_max_wavelength=1e6,
+...     sliding_window=8,
+...     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+...     layer_settings={"sliding_attention": {"rope_max_wavelength": 1e4}},
+... )
+>>> layer_settings(config, 0)["rope_max_wavelength"], layer_settings(config, 2)["sliding_window"]
+(10000.0, None)
+
+Without `layer_types`, every layer has one type: "sliding_attention" when
+the config has a `sliding_window` (Mistral: every layer slides), else
+"full_attention". Pure Python: the config validates with it before any
+framework is imported.
+"""
+
+from __future__ import annotations
+
+# The token mixers a layer can have.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# The settings a type may change, and what each is.
+SETTINGS = {
+    "sliding_window": "attention span of a sliding layer (an integer >= 1)",
+    "rope_max_wavelength": "rotary base (a number >= 1)",
+    "rope_scaling_factor": "linear rotary interpolation (a number > 0)",
+    "rope_scaling": "a Hugging Face rotary scaling dict, or None",
+    "rotary": "rotary positions in this type's layers (True or False)",
+}
+
+
+def layer_type(config, index: int) -> str:
+    """The type of layer `index` (0-based) of `config`'s stack."""
+    if config.layer_types is not None:
+        return config.layer_types[index]
+    return (
+        "sliding_attention" if config.sliding_window is not None else "full_attention"
+    )
+
+
+def layer_settings(config, index: int) -> dict:
+    """The resolved attention settings of layer `index`: `sliding_window`
+    (None for a full-attention layer), `rope_max_wavelength` (None without
+    rotary positions), `rope_scaling_factor` and `rope_scaling`."""
+    kind = layer_type(config, index)
+    own = (config.layer_settings or {}).get(kind, {})
+    window = None
+    if kind == "sliding_attention":
+        window = own.get("sliding_window", config.sliding_window)
+    rotary = config.rotary and own.get("rotary", True)
+    return dict(
+        sliding_window=window,
+        rope_max_wavelength=(
+            float(own.get("rope_max_wavelength", config.rope_max_wavelength))
+            if rotary
+            else None
+        ),
+        rope_scaling_factor=float(
+            own.get("rope_scaling_factor", config.rope_scaling_factor)
+        ),
+        rope_scaling=own.get("rope_scaling", config.rope_scaling),
+    )
+
+
+def sliding_windows(config) -> list:
+    """Each layer's sliding window (None: full attention)."""
+    return [
+        layer_settings(config, i)["sliding_window"] for i in range(config.num_layers)
+    ]
+
+
+def check_layer_types(config, fail) -> None:
+    """Validates `layer_types` and `layer_settings` of `config`; `fail(name,
+    value, expected)` raises."""
+    types, settings = config.layer_types, config.layer_settings
+    if types is not None:
+        if config.stacks != "decoder":
+            fail("layer_types", types, 'None unless stacks="decoder"')
+        ok = isinstance(types, (list, tuple)) and len(types) == config.num_layers
+        if not ok or any(kind not in LAYER_TYPES for kind in types):
+            fail(
+                "layer_types",
+                types,
+                f"a list of num_layers={config.num_layers} entries, each one of "
+                f"{LAYER_TYPES}",
+            )
+    if settings is None:
+        return
+    if not isinstance(settings, dict) or any(k not in LAYER_TYPES for k in settings):
+        fail("layer_settings", settings, f"a dict keyed by layer types {LAYER_TYPES}")
+    for kind, own in settings.items():
+        if not isinstance(own, dict) or any(k not in SETTINGS for k in own):
+            known = "; ".join(f"{k}: {v}" for k, v in SETTINGS.items())
+            fail(f"layer_settings[{kind!r}]", own, f"a dict of these settings: {known}")
+        window = own.get("sliding_window", 1)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            fail(
+                f"layer_settings[{kind!r}]['sliding_window']", window, "an integer >= 1"
+            )
+        if not isinstance(own.get("rotary", True), bool):
+            fail(f"layer_settings[{kind!r}]['rotary']", own["rotary"], "True or False")
+
+
+def check_windows(config, fail) -> None:
+    """Every sliding layer has a window."""
+    for i in range(config.num_layers if config.layer_types is not None else 0):
+        kind = layer_type(config, i)
+        if (
+            kind == "sliding_attention"
+            and layer_settings(config, i)["sliding_window"] is None
+        ):
+            fail(
+                "sliding_window",
+                None,
+                f"an integer >= 1: layer {i} is a 'sliding_attention' layer (or set "
+                "layer_settings['sliding_attention']['sliding_window'])",
+            )
+
+
+__all__ = [
+    "LAYER_TYPES",
+    "SETTINGS",
+    "check_layer_types",
+    "check_windows",
+    "layer_settings",
+    "layer_type",
+    "sliding_windows",
+]

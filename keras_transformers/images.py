@@ -1,5 +1,0 @@
-"""Deprecated: image data lives in `keras_transformers.data.images`."""
-
-from keras_transformers._deprecated import moved_to
-
-__getattr__ = moved_to(__name__, "keras_transformers.data.images")

@@ -1,0 +1,93 @@
+"""The attention of `MultiHeadAttention` once queries, keys and values are
+projected: fused (`keras.ops.dot_product_attention`, or the backend's own
+kernel) or explicit (float32 scores and softmax), chosen per call.
+
+Shape letters as in `keras_transformers.layers.attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformers import backend
+from keras_transformers.backend.choices import explicit_attention_faster
+from keras_transformers.layers.masks import attention_mask
+
+
+def attend(layer, q, k, v, mask, is_causal, training, bias=None):
+    """`[B, T, N, H]` attention outputs of `q [B, T, N, H]` over `k`, `v`
+    `[B, S, K, H]`, fused or explicit.
+
+    Args:
+        layer: the `MultiHeadAttention` (its heads, scale, soft cap,
+            dropout and `fused` choice).
+        mask: `[B|1, 1, T, S]` booleans (True: attend), or None.
+        is_causal: a plain causal mask (no `mask`), for the fused kernels.
+        training: dropout switch.
+        bias: an additive `[B|1, N|1, T, S]` logits bias, or None.
+    """
+    scale = layer.attention_scale
+    if scale is None:
+        scale = 1.0 / math.sqrt(layer.head_dim)
+    dropout_active = layer.dropout > 0 and bool(training)
+    half = keras.backend.standardize_dtype(q.dtype) == "float16"
+    grouped = layer.num_heads != layer.num_kv_heads
+    fused = layer.fused
+    if layer.softcap is not None:  # no fused kernel soft-caps
+        fused = False
+    elif fused is None:  # fused unless it would need dropout or repeated K/V
+        fused = not dropout_active and (not grouped or backend.supports_native_gqa())
+        fused = fused and not explicit_attention_faster(
+            half, q.shape[1] == 1, not grouped and backend.xla_cpu()
+        )
+    if fused and not dropout_active and bias is None:
+        return backend.dot_product_attention(
+            q, k, v, mask=mask, scale=scale, is_causal=is_causal
+        )
+    if fused and not dropout_active and not half:
+        # Keras' op takes a bias or a mask, not both: the mask is folded
+        # into the bias (a float16 bias would overflow: explicit path).
+        bias = ops.cast(bias, "float32")
+        if mask is not None:
+            bias = ops.where(mask, bias, -1e9)
+        return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+    return _grouped(layer, q, k, v, mask, is_causal, scale, training, bias)
+
+
+def _grouped(layer, q, k, v, mask, is_causal, scale, training, bias=None):
+    """Explicit attention, float32 softmax, K/V never repeated. Without
+    grouping the heads keep their 4-D layout (no group axis: no extra
+    head-layout copy under XLA)."""
+    b, t = ops.shape(q)[0], ops.shape(q)[1]
+    s = ops.shape(k)[1]
+    groups = layer.num_heads // layer.num_kv_heads
+    heads = "n"  # [B, N, T, S] scores
+    if groups > 1:
+        q = ops.reshape(q, (b, t, layer.num_kv_heads, groups, layer.head_dim))
+        heads = "kg"  # [B, K, G, T, S] scores
+    logits = ops.einsum(f"bt{heads}h,bs{heads[0]}h->b{heads}ts", q, k)
+    logits = ops.cast(logits, "float32") * scale
+    if layer.softcap is not None:
+        logits = ops.tanh(logits / layer.softcap) * layer.softcap
+    if bias is not None:  # [B|1, N|1, T, S] -> the scores' layout
+        bias = ops.cast(bias, "float32")
+        if groups > 1 and bias.shape[1] == 1:
+            bias = bias[:, :, None]
+        elif groups > 1:
+            shape = ops.shape(bias)
+            bias = ops.reshape(
+                bias, (shape[0], layer.num_kv_heads, groups, shape[2], shape[3])
+            )
+        logits = logits + bias
+    if is_causal:
+        mask = attention_mask(t, s, causal=True)
+    if mask is not None:  # [B|1, 1, T, S]
+        mask = mask if groups == 1 else mask[:, :, None]
+        logits = ops.where(mask, logits, -1e9)
+    probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
+    probs = layer.dropout_layer(probs, training=training)
+    out = ops.einsum(f"b{heads}ts,bs{heads[0]}h->bt{heads}h", probs, v)
+    return ops.reshape(out, (b, t, layer.num_heads, layer.head_dim))

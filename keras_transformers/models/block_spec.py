@@ -1,0 +1,142 @@
+"""From the config to each layer's block: `block_spec(config, i)` is the one
+place that decides what block `i` of a stack is.
+
+A spec is a frozen `BlockSpec`: the layer's type (see
+`keras_transformers.config.layer_types`), the keyword arguments of its
+`TransformerBlock` (the per-layer attention settings resolved: window,
+rotary base and scaling) and whether its feed-forward is the config's
+sparse MoE. `make_blocks` builds a stack from the specs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from types import MappingProxyType
+
+import keras
+
+from keras_transformers.config import TransformerConfig
+from keras_transformers.config.layer_types import layer_settings, layer_type
+from keras_transformers.layers import SparseMoE, TransformerBlock
+
+
+def initializer(config: TransformerConfig):
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpec:
+    """What block `index` of a stack is.
+
+    Attributes:
+        index: the block's position in its stack (0-based).
+        layer_type: "full_attention" or "sliding_attention" (decoders; an
+            encoder's blocks are "full_attention").
+        block: the `TransformerBlock` keyword arguments (read-only).
+        moe: whether the feed-forward is the config's `SparseMoE`.
+    """
+
+    index: int
+    layer_type: str
+    block: MappingProxyType
+    moe: bool
+
+    def build(self, config: TransformerConfig, name: str, dtype) -> TransformerBlock:
+        """The block, built for `[B, T, hidden_dim]` inputs (under the
+        config's `remat` scope: Keras rematerialises the block as one unit)."""
+        ff = moe_feed_forward(config, dtype) if self.moe else None
+        remat = keras.RematScope("list_of_layers", layer_names=[name])
+        with remat if config.remat else contextlib.nullcontext():
+            block = TransformerBlock(
+                **self.block, feed_forward=ff, dtype=dtype, name=name
+            )
+        width = (None, None, config.hidden_dim)
+        block.build(width, width)
+        return block
+
+
+def block_spec(
+    config: TransformerConfig, index: int, causal: bool = True, cross_attention=False
+) -> BlockSpec:
+    """The spec of block `index` of a stack of `config`: a causal one
+    (decoders: per-layer types and settings, MoE spacing) or not (encoders:
+    every block alike), with or without cross-attention."""
+    kind = layer_type(config, index) if causal else "full_attention"
+    attention = layer_settings(config, index) if causal else {}
+    rotary = config.rope_max_wavelength if config.rotary else None
+    kwargs = dict(
+        num_heads=config.num_heads,
+        intermediate_dim=config.intermediate_dim,
+        num_kv_heads=config.resolved_num_kv_heads,
+        head_dim=config.resolved_head_dim,
+        norm_position=config.norm_position,
+        norm_type=config.norm_type,
+        norm_epsilon=config.norm_epsilon,
+        activation=config.activation,
+        gated=config.gated_feed_forward,
+        use_bias=config.use_bias,
+        qkv_bias=config.use_bias or config.qkv_bias,
+        qk_norm=config.qk_norm,
+        layer_scale=config.layer_scale,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        causal=causal,
+        cross_attention=cross_attention,
+        sliding_window=attention.get("sliding_window"),
+        rope_max_wavelength=attention.get("rope_max_wavelength", rotary),
+        rope_scaling_factor=attention.get(
+            "rope_scaling_factor", config.rope_scaling_factor
+        ),
+        rope_scaling=attention.get("rope_scaling", config.rope_scaling),
+        attention_scale=config.resolved_attention_scale,
+        attention_softcap=config.attention_softcap,
+        kernel_initializer=initializer(config),
+    )
+    moe = causal and config.moe_layer(index)
+    return BlockSpec(index, kind, MappingProxyType(kwargs), moe)
+
+
+def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
+    """The config's `SparseMoE` feed-forward."""
+    moe = config.moe
+    return SparseMoE(
+        num_experts=moe.num_experts,
+        num_experts_per_token=moe.num_experts_per_token,
+        intermediate_dim=moe.expert_intermediate_dim or config.intermediate_dim,
+        activation=config.activation,
+        gated=config.gated_feed_forward,
+        normalize_router_weights=moe.normalize_router_weights,
+        router_aux_loss_coef=moe.router_aux_loss_coef,
+        router_z_loss_coef=moe.router_z_loss_coef,
+        router_jitter=moe.router_jitter,
+        capacity_factor=moe.capacity_factor,
+        dispatch=moe.dispatch,
+        num_shared_experts=moe.num_shared_experts,
+        shared_expert_intermediate_dim=moe.shared_expert_intermediate_dim,
+        shared_expert_gate=moe.shared_expert_gate,
+        kernel_initializer=initializer(config),
+        dtype=dtype,
+        name="moe",
+    )
+
+
+def make_blocks(
+    config: TransformerConfig,
+    num: int,
+    prefix: str,
+    dtype,
+    causal: bool = False,
+    cross_attention: bool = False,
+) -> list:
+    """`num` built `TransformerBlock`s named `{prefix}_{i}`, block `i` as
+    `block_spec(config, i, causal, cross_attention)` says."""
+    return [
+        block_spec(config, i, causal, cross_attention).build(
+            config, f"{prefix}_{i}", dtype
+        )
+        for i in range(num)
+    ]
+
+
+__all__ = ["BlockSpec", "block_spec", "initializer", "make_blocks", "moe_feed_forward"]

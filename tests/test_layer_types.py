@@ -1,0 +1,178 @@
+"""Per-layer variety through one seam: `layer_types` and `layer_settings` in
+the config, `block_spec(config, i)` for each block, each block's own cache
+(a window-sized rolling cache on sliding layers, a full one on global
+layers), an injectable token mixer, sandwich norms and soft-capping."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformers as kt
+from keras_transformers.config.layer_types import layer_settings, layer_type
+from keras_transformers.layers import MultiHeadAttention, TransformerBlock
+from keras_transformers.memory import training_flops_per_token
+from keras_transformers.models import GPTCausalLM
+from keras_transformers.models.block_spec import block_spec
+
+WINDOW = 3
+MIXED = dict(
+    vocabulary_size=40,
+    num_layers=3,
+    hidden_dim=16,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_dim=24,
+    max_sequence_length=32,
+    norm_type="rms",
+    position_embedding="rotary",
+    rope_max_wavelength=1000.0,
+    sliding_window=WINDOW,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    layer_settings={"sliding_attention": {"rope_max_wavelength": 20.0}},
+    norm_position="sandwich",
+    attention_softcap=3.0,
+    logit_softcap=2.0,
+    gated_feed_forward=True,
+    activation="silu",
+    use_bias=False,
+)
+
+
+@pytest.fixture(scope="module")
+def mixed_lm():
+    keras.utils.set_random_seed(3)
+    return GPTCausalLM(config=kt.TransformerConfig(**MIXED))
+
+
+def test_each_block_follows_its_layer_type(mixed_lm):
+    config = mixed_lm.backbone.config
+    attentions = [block.self_attention for block in mixed_lm.backbone.blocks]
+    assert [a.sliding_window for a in attentions] == [WINDOW, None, WINDOW]
+    assert [a.rope_max_wavelength for a in attentions] == [20.0, 1000.0, 20.0]
+    assert [block_spec(config, i).layer_type for i in range(3)] == list(
+        MIXED["layer_types"]
+    )
+    assert all(a.softcap == 3.0 for a in attentions)
+    assert mixed_lm.count_params() == config.num_params()
+
+
+def test_config_without_layer_types_keeps_one_kind():
+    """Mistral's `sliding_window` alone: every layer slides; none: full."""
+    fields = {
+        k: v for k, v in MIXED.items() if k not in ("layer_types", "layer_settings")
+    }
+    sliding = kt.TransformerConfig(**fields)
+    assert [layer_type(sliding, i) for i in range(3)] == ["sliding_attention"] * 3
+    full = sliding.replace(sliding_window=None)
+    assert {layer_settings(full, i)["sliding_window"] for i in range(3)} == {None}
+
+
+def test_cached_decoding_equals_the_full_pass(mixed_lm):
+    """Token by token through the per-layer caches (sliding layers keep
+    only the window), 10 positions for a window of 3."""
+    ids = np.random.default_rng(0).integers(1, 40, (2, 10)).astype("int32")
+    full = keras.ops.convert_to_numpy(mixed_lm(ids))
+    cache = mixed_lm.backbone.init_cache(2, 10)
+    assert [tuple(c[0].shape)[1] for c in cache] == [WINDOW, 10, WINDOW]
+    steps = []
+    for t in range(10):
+        logits, cache = mixed_lm.call_with_cache(ids[:, t : t + 1], cache, t)
+        steps.append(keras.ops.convert_to_numpy(logits)[:, 0])
+    np.testing.assert_allclose(np.stack(steps, 1), full, atol=2e-5)
+    assert np.abs(full).max() <= 2.0  # the output soft cap
+
+
+def test_generate_equals_greedy_on_the_full_pass(mixed_lm):
+    prompt = np.array([[5, 9, 2, 30, 11]], "int32")
+    out = np.asarray(mixed_lm.generate(prompt, max_new_tokens=6, stop_token_ids=None))
+    ids = prompt
+    for _ in range(6):
+        logits = keras.ops.convert_to_numpy(mixed_lm(ids))
+        ids = np.concatenate(
+            [ids, logits[:, -1].argmax(-1)[:, None].astype("int32")], 1
+        )
+    np.testing.assert_array_equal(out, ids)
+
+
+def test_saved_preset_keeps_the_layer_types(mixed_lm, tmp_path):
+    mixed_lm.save_to_preset(tmp_path / "mixed")
+    back = kt.from_preset(tmp_path / "mixed")
+    assert back.backbone.config == mixed_lm.backbone.config
+    assert back.backbone.config.layer_types == tuple(MIXED["layer_types"])
+    ids = np.arange(1, 9, dtype="int32")[None]
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(back(ids)),
+        keras.ops.convert_to_numpy(mixed_lm(ids)),
+        atol=1e-6,
+    )
+
+
+def test_flops_count_each_layers_context():
+    config = kt.TransformerConfig(**MIXED)
+    full = config.replace(layer_types=None, sliding_window=None, layer_settings=None)
+    width = config.num_heads * config.resolved_head_dim
+    saved = 12 * width * 2 * (16 - WINDOW)  # two sliding layers see WINDOW, not 16
+    assert (
+        training_flops_per_token(full, 16) - training_flops_per_token(config, 16)
+        == saved
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(layer_types=["full_attention"]), "layer_types.*num_layers=3"),
+        (
+            dict(layer_types=["full_attention", "local", "full_attention"]),
+            "layer_types",
+        ),
+        (dict(sliding_window=None), "layer 0 is a 'sliding_attention' layer"),
+        (dict(layer_settings={"full": {}}), "layer_settings.*keyed by layer types"),
+        (
+            dict(layer_settings={"full_attention": {"window": 4}}),
+            "settings: sliding_window",
+        ),
+        (
+            dict(layer_settings={"sliding_attention": {"sliding_window": 0}}),
+            r"\['sliding_window'\]",
+        ),
+        (
+            dict(
+                layer_settings={
+                    "sliding_attention": {"rope_scaling": {"rope_type": "yarn"}}
+                }
+            ),
+            "Rotary scaling 'yarn' needs",
+        ),
+        (dict(attention_softcap=0.0), "attention_softcap"),
+        (dict(norm_position="middle"), "norm_position"),
+    ],
+)
+def test_bad_layer_settings_name_the_field(changes, match):
+    with pytest.raises(ValueError, match=match):
+        kt.TransformerConfig(**{**MIXED, **changes})
+
+
+def test_layer_types_are_for_decoders():
+    with pytest.raises(ValueError, match='layer_types.*stacks="decoder"'):
+        kt.TransformerConfig(**{**MIXED, "stacks": "encoder"})
+
+
+def test_an_injected_token_mixer_serializes():
+    mixer = MultiHeadAttention(
+        num_heads=2, head_dim=4, causal=True, sliding_window=2, name="mixer"
+    )
+    block = TransformerBlock(
+        num_heads=2, intermediate_dim=8, token_mixer=mixer, causal=True
+    )
+    x = keras.random.normal((1, 5, 8), seed=1)
+    out = keras.ops.convert_to_numpy(block(x))
+    assert block.self_attention is mixer
+    again = TransformerBlock.from_config(block.get_config())
+    again.build((1, 5, 8))
+    again.set_weights(block.get_weights())
+    assert again.self_attention.sliding_window == 2
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), out, atol=1e-6)
+    assert [tuple(c.shape) for c in block.init_cache(1, 6, "float32")] == [
+        (1, 2, 2, 4)
+    ] * 2
