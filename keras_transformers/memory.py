@@ -335,12 +335,11 @@ def estimate_memory(
     Returns:
         A `MemoryEstimate` (bytes; `.total`, `.to_dict()`, `str()` in GiB).
 
-    Example:
-
-    >>> from keras_transformers import estimate_memory, load_config
-    >>> e = estimate_memory(load_config("llama2_7b"), 1, 4096, "mixed_bfloat16")
-    >>> round(e.parameters / 2**30, 1)  # 6.7e9 float32 weights
-    25.1
+    Examples:
+        >>> from keras_transformers import estimate_memory, load_config
+        >>> e = estimate_memory(load_config("llama2_7b"), 1, 4096, "mixed_bfloat16")
+        >>> round(e.parameters / 2**30, 1)  # 6.7e9 float32 weights
+        25.1
     """
     batch_size = _positive("batch_size", batch_size)
     if sequence_length is None:

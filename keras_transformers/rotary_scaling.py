@@ -15,6 +15,11 @@ rotated pairs, and YaRN and LongRoPE also scale cos and sin by an
   the pairs that turn `beta_fast` and `beta_slow` times within the
   original context; cos and sin times `0.1 ln(factor) + 1` (or the ratio
   of the `mscale` terms, or `attention_factor` as given).
+- `dynamic` (dynamic NTK): while the sequence (the largest position + 1)
+  fits `original_max_position_embeddings`, the default frequencies; past
+  it, those of the base `base * (factor * L / original - (factor - 1)) **
+  (d / (d - 2))` for a sequence of length `L`, computed per call (see
+  `RotaryEmbedding`).
 - `longrope` (Phi-3 / Phi-4 long context): each frequency divided by its
   own factor, `short_factor` while the sequence fits the original context
   and `long_factor` beyond it; cos and sin times
@@ -31,7 +36,7 @@ import math
 
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 _F32 = np.float32
 
 
@@ -96,6 +101,9 @@ def rotary_frequencies(
     if kind == "linear":
         _required(scaling, kind, "factor")
         return _default(rotary_dim, base) / _F32(scaling["factor"]), 1.0
+    if kind == "dynamic":  # at or within the original context
+        _required(scaling, kind, "factor", "original_max_position_embeddings")
+        return _default(rotary_dim, base), 1.0
     if kind == "llama3":
         names = ("factor", "low_freq_factor", "high_freq_factor")
         _required(scaling, kind, *names, "original_max_position_embeddings")
@@ -124,6 +132,16 @@ def rotary_frequencies(
             math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
         )
     return inverse.astype(_F32), float(attention)
+
+
+def dynamic_base(base: float, scaling: dict, length, rotary_dim: int, ops):
+    """Dynamic NTK's base for a sequence of `length` (a float32 scalar
+    tensor, at least the original context) with the array module `ops`
+    (`keras.ops` at run time): transformers' float32 arithmetic."""
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    stretch = (factor * length / original) - (factor - 1.0)
+    return base * ops.power(stretch, rotary_dim / (rotary_dim - 2))
 
 
 def _llama3(inverse: np.ndarray, scaling: dict) -> np.ndarray:

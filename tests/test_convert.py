@@ -221,8 +221,8 @@ def test_export_rejects_unrepresentable(tmp_path):
         ),
         (
             "llama",
-            dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}),
-            "'dynamic' is not supported; supported: default, linear, llama3",
+            dict(rope_parameters={"rope_type": "proportional", "factor": 2.0}),
+            "'proportional' is not supported; supported: default, linear, llama3",
         ),
         ("gpt2", dict(n_inner=64), "transformer.h.0.mlp.c_fc.weight"),
         ("llama", dict(num_hidden_layers=3), "model.layers.2"),

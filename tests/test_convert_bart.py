@@ -251,7 +251,9 @@ def test_greedy_matches_transformers(hf_dirs, kind):
     np.testing.assert_array_equal(np.asarray(ours), expected)
     # Text in, text out, through the checkpoint's tokenizer.json.
     text = "some text"
-    ids = list(lm.tokenizer.encode(text)) + [EOS]  # a source ends with </s>
+    # As transformers' tokenizer(text) gives it: <s> text </s>.
+    ids = list(lm.tokenizer.encode(text, add_special_tokens=True))
+    assert (ids[0], ids[-1]) == (BOS, EOS)
     expected = _hf_generate(hf_dirs[kind], [ids], max_new_tokens=8, eos_token_id=EOS)
     decoded = _tokenizer().decode(expected[0], skip_special_tokens=True)
     out = lm.generate(text, max_new_tokens=8)

@@ -244,7 +244,6 @@ def test_phi3_export_fused(hf_dirs, tmp_path):
             "rope_scaling.*'longrope' needs long_factor",
         ),
         ("phi3", dict(rope_scaling={"type": "su"}), "'su'.*set its type to 'longrope'"),
-        ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
         ("qwen2", dict(num_hidden_layers=3), "model.layers.2"),
     ],
 )

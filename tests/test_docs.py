@@ -134,3 +134,41 @@ def test_readme_main_job_command_runs_as_written():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "val_loss" in result.stdout + result.stderr
     assert (ROOT / "runs" / "gpt_mini" / "model.weights.h5").exists()
+
+
+def _prose_examples(docstring: str) -> bool:
+    """Whether griffe (the docs site's parser) would show `>>>` lines of
+    `docstring` as prose: outside an `Examples:` section, which renders
+    them as code."""
+    from griffe import Docstring
+
+    sections = Docstring(docstring, parser="google").parse(warnings=False)
+    return any(
+        section.kind.value != "examples" and ">>>" in str(section.value)
+        for section in sections
+        if section.kind.value in ("text", "admonition")
+    ) or any(
+        section.kind.value == "admonition" and ">>>" in section.value.contents
+        for section in sections
+    )
+
+
+def test_docstring_examples_render_as_code():
+    """Every docstring with doctest lines keeps them in a Google-style
+    `Examples:` section (indented under it), which the site renders as
+    code blocks; `Example:` or loose `>>>` lines render as a paragraph."""
+    pytest.importorskip("griffe")
+    import ast
+
+    prose = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(
+                node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                continue
+            docstring = ast.get_docstring(node)
+            if docstring and ">>>" in docstring and _prose_examples(docstring):
+                prose.append(f"{_name(path)}:{getattr(node, 'name', '<module>')}")
+    assert prose == [], prose

@@ -176,3 +176,31 @@ def test_an_injected_token_mixer_serializes():
     assert [tuple(c.shape) for c in block.init_cache(1, 6, "float32")] == [
         (1, 2, 2, 4)
     ] * 2
+
+
+@pytest.mark.parametrize("cls", [TransformerBlock, MultiHeadAttention])
+def test_every_constructor_argument_is_in_the_config(cls):
+    """Arguments are written once, in the signature: the layer keeps and
+    serialises each of them."""
+    import inspect
+
+    layer = cls(
+        num_heads=2,
+        **({"head_dim": 4} if cls is MultiHeadAttention else {"intermediate_dim": 8}),
+    )
+    names = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    assert names <= set(layer.get_config())
+
+
+def test_partial_rotary_leaves_the_other_features_unrotated():
+    """`rotary_fraction=0.5`: the first half of each head rotates; the
+    second half of queries and keys is the same at every position."""
+    from keras_transformers.layers import RotaryEmbedding
+
+    rotary = RotaryEmbedding(100.0, rotary_dim=4)
+    x = keras.ops.ones((1, 5, 2, 8))
+    y = keras.ops.convert_to_numpy(rotary(x))
+    np.testing.assert_allclose(y[..., 4:], 1.0)
+    assert np.abs(y[0, 1:, :, :4] - y[0, :1, :, :4]).max() > 0.1
+    with pytest.raises(ValueError, match="rotary_fraction"):
+        kt.TransformerConfig(**{**MIXED, "rotary_fraction": 0.1})

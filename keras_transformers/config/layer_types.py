@@ -2,23 +2,24 @@
 
 A `TransformerConfig` describes its layers with `layer_types` (one entry
 per layer) and `layer_settings` (per type, the settings that differ from
-the config's own):
+the config's own). Without `layer_types`, every layer has one type:
+"sliding_attention" when the config has a `sliding_window` (Mistral: every
+layer slides), else "full_attention". Pure Python: the config validates
+with it before any framework is imported.
 
->>> from keras_transformers import TransformerConfig
->>> config = TransformerConfig(
-...     vocabulary_size=100, num_layers=3, hidden_dim=32, num_heads=4,
-...     intermediate_dim=64, position_embedding="rotary", rope_max_wavelength=1e6,
-...     sliding_window=8,
-...     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-...     layer_settings={"sliding_attention": {"rope_max_wavelength": 1e4}},
-... )
->>> layer_settings(config, 0)["rope_max_wavelength"], layer_settings(config, 2)["sliding_window"]
-(10000.0, None)
-
-Without `layer_types`, every layer has one type: "sliding_attention" when
-the config has a `sliding_window` (Mistral: every layer slides), else
-"full_attention". Pure Python: the config validates with it before any
-framework is imported.
+Examples:
+    >>> from keras_transformers import TransformerConfig
+    >>> config = TransformerConfig(
+    ...     vocabulary_size=100, num_layers=3, hidden_dim=32, num_heads=4,
+    ...     intermediate_dim=64, position_embedding="rotary",
+    ...     rope_max_wavelength=1e6, sliding_window=8,
+    ...     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    ...     layer_settings={"sliding_attention": {"rope_max_wavelength": 1e4}},
+    ... )
+    >>> [layer_settings(config, i)["sliding_window"] for i in range(3)]
+    [8, 8, None]
+    >>> layer_settings(config, 0)["rope_max_wavelength"]
+    10000.0
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SETTINGS = {
     "rope_scaling_factor": "linear rotary interpolation (a number > 0)",
     "rope_scaling": "a Hugging Face rotary scaling dict, or None",
     "rotary": "rotary positions in this type's layers (True or False)",
+    "rotary_fraction": "the part of each head that rotates (a number in (0, 1])",
 }
 
 
@@ -47,7 +49,8 @@ def layer_type(config, index: int) -> str:
 def layer_settings(config, index: int) -> dict:
     """The resolved attention settings of layer `index`: `sliding_window`
     (None for a full-attention layer), `rope_max_wavelength` (None without
-    rotary positions), `rope_scaling_factor` and `rope_scaling`."""
+    rotary positions), `rope_scaling_factor`, `rope_scaling` and
+    `rotary_fraction`."""
     kind = layer_type(config, index)
     own = (config.layer_settings or {}).get(kind, {})
     window = None
@@ -65,6 +68,7 @@ def layer_settings(config, index: int) -> dict:
             own.get("rope_scaling_factor", config.rope_scaling_factor)
         ),
         rope_scaling=own.get("rope_scaling", config.rope_scaling),
+        rotary_fraction=float(own.get("rotary_fraction", config.rotary_fraction)),
     )
 
 

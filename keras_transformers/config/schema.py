@@ -97,6 +97,9 @@ class TransformerConfig(_Group):
             `rope_parameters` without `rope_theta`): `llama3`, `yarn` or
             `longrope` with their fields (see
             `keras_transformers.rotary_scaling`); None: none.
+        rotary_fraction: the part of each head that rotary positions rotate
+            (its first `int(head_dim * rotary_fraction)` features; GPT-NeoX's
+            rotary_pct, Phi's partial_rotary_factor); 1.0: all.
         activation: feed-forward activation: "gelu", "gelu_approximate"
             (tanh form, GPT-2's gelu_new), "relu" or "silu".
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
@@ -178,6 +181,7 @@ class TransformerConfig(_Group):
     rope_max_wavelength: float = 10000.0
     rope_scaling_factor: float = 1.0
     rope_scaling: dict | None = None
+    rotary_fraction: float = 1.0
     activation: str = "gelu"
     gated_feed_forward: bool = False
     use_bias: bool = True
@@ -298,8 +302,21 @@ class TransformerConfig(_Group):
                 self.resolved_head_dim,
                 "an even number with rotary positions",
             )
+        self._check_rotary_fraction(self.rotary_fraction, "rotary_fraction")
         if self.rope_scaling is not None:
             self._check_rope_scaling()
+
+    def _check_rotary_fraction(self, fraction, name) -> None:
+        """`fraction` of the head rotates: an even number of features >= 2."""
+        _check_float(name, fraction, 1e-9, 1.0 + 1e-9)
+        features = int(self.resolved_head_dim * fraction)
+        if self.rotary and (features < 2 or features % 2):
+            _fail(
+                name,
+                fraction,
+                f"a fraction of head_dim={self.resolved_head_dim} that is an even "
+                "number of features >= 2",
+            )
 
     def _check_layer_types(self) -> None:
         """`layer_types` (stored as a tuple) and `layer_settings`; see
@@ -317,6 +334,9 @@ class TransformerConfig(_Group):
             )
             if own.get("rope_scaling") is not None:
                 self._check_rope_scaling(own["rope_scaling"], base)
+            if "rotary_fraction" in own:
+                name = f"layer_settings[{kind!r}]['rotary_fraction']"
+                self._check_rotary_fraction(own["rotary_fraction"], name)
 
     def _check_rope_scaling(self, scaling=None, base=None) -> None:
         """`rope_scaling`: a dict of a supported type with the fields it
@@ -330,7 +350,8 @@ class TransformerConfig(_Group):
                 'None, or a dict (Hugging Face\'s rope_parameters without rope_theta) with position_embedding="rotary"',
             )
         try:
-            rotary_frequencies(self.resolved_head_dim, base, scaling)
+            rotary_dim = int(self.resolved_head_dim * self.rotary_fraction)
+            rotary_frequencies(rotary_dim, base, scaling)
         except ValueError as error:
             raise ValueError(f"Invalid config value `rope_scaling`: {error}") from None
 

@@ -1,16 +1,19 @@
 """Hugging Face checkpoints <-> keras_transformers models.
 
 A Hugging Face model directory (`config.json` with `model_type`, plus
-`model.safetensors` or sharded safetensors) loads with any `from_preset`:
-
->>> lm = keras_transformers.from_preset("path/to/hf/gpt2")  # doctest: +SKIP
->>> export_hf(lm, "out/")  # doctest: +SKIP
-
-`transformers.AutoModelForCausalLM.from_pretrained("out/")` then loads it.
+`model.safetensors` or sharded safetensors) loads with any `from_preset`,
+and `export_hf` writes one that
+`transformers.AutoModelForCausalLM.from_pretrained` loads.
 
 One small module per `model_type` (see `CONVERTERS`) maps the config and the
 weights both ways; nothing is ever unpickled. Each registers itself with
-`keras_transformers.registry.register_converter` on its `config_from_hf`.
+`keras_transformers.registry.register_converter` on its `config_from_hf`,
+and says which configs of its family it exports by default (`EXPORT_ORDER`,
+`exports(config)`); this package imports every module in it.
+
+Examples:
+    >>> lm = keras_transformers.from_preset("path/to/hf/gpt2")  # doctest: +SKIP
+    >>> export_hf(lm, "out/")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,11 +26,9 @@ from pathlib import Path
 from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
-from keras_transformers.backend.loading import staging
 from keras_transformers.convert import bart, bert, marian, t5, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
-from keras_transformers.deferred import deferred_initialization
-from keras_transformers.preset_io import instantiate, load_assets, split_task_arguments
+from keras_transformers.preset_io import load_assets
 
 # Every module of this package is imported: each converter module registers
 # its model type(s) (`keras_transformers.registry.register_converter`), so a
@@ -108,65 +109,56 @@ def _load_tokenizer(path: Path):
         return None
 
 
-def load_hf_model(path, cls=None, load_weights: bool = True, dtype=None, **overrides):
-    """Builds a model from a Hugging Face directory and converts its weights.
+class HFSource:
+    """The Hugging Face pieces of a load (`keras_transformers.loading`
+    builds the model): a directory's preset data, tokenizer and, with
+    `load_weights`, its safetensors checkpoint.
 
     Args:
-        path: the model directory.
-        cls: the class asked for (None: the checkpoint's, see
-            `hf_preset_data`). A backbone may be loaded from a task
-            checkpoint, and a task model from another checkpoint of its
-            family (a causal LM needs a tied head or `lm_head.weight`; BERT
-            heads the checkpoint lacks are new, with a warning).
-        load_weights: convert the weights; False gives a random init.
-        dtype: dtype policy, e.g. "bfloat16".
-        **overrides: config fields to change (e.g. `max_sequence_length`;
-            learned position tables are cut or grown to fit; a ViT's
-            `image_size`: its position table is resized), or head
-            arguments of `cls` (e.g. `num_classes`).
+        path: the model directory (`config.json` with `model_type`).
+        load_weights: open the checkpoint (its tensors of another model
+            type fail here, before anything is built).
 
     Raises:
-        FileNotFoundError: no safetensors weights (e.g. only a pickled
-            `pytorch_model.bin`).
-        ValueError: unsupported config, or a missing / misshapen weight.
+        FileNotFoundError: no config.json, or no safetensors weights (e.g.
+            only a pickled `pytorch_model.bin`).
+        ValueError: an unsupported `model_type` or option.
     """
-    from keras_transformers.config import TransformerConfig
 
-    path = Path(path)
-    hf, module = _read(path)
-    data = _preset_data(hf, module, path)
-    target, saved = registry.resolve_class(data, cls)
-    task = split_task_arguments(target, overrides)
-    task = {**data.get("task", {}), **task} if target is saved else task
-    checkpoint = Checkpoint(path) if load_weights else None
-    if checkpoint is not None:  # weights of another type fail before the build
-        checkpoint.prefix(module.PREFIXES, module.PROBE, hf["model_type"])
-    fields = data["config"]
-    if hasattr(module, "fit_config"):  # e.g. a BERT pooler only when saved
-        fields = module.fit_config(fields, checkpoint, target)
-    config = TransformerConfig.from_dict(fields)
-    config = config.replace(**overrides) if overrides else config
-    tokenizer = _load_tokenizer(path)
-    if checkpoint is None:
-        return instantiate(target, config, dtype, tokenizer, task)
-    # No random initializers for the weights the checkpoint overwrites.
-    with deferred_initialization(), staging():
-        model = instantiate(target, config, dtype, tokenizer, task)
+    def __init__(self, path, load_weights: bool = True):
+        self.path = Path(path)
+        self.hf, self.module = _read(self.path)
+        self.data = _preset_data(self.hf, self.module, self.path)
+        self.checkpoint = Checkpoint(self.path) if load_weights else None
+        if self.checkpoint is not None:
+            module = self.module
+            self.checkpoint.prefix(module.PREFIXES, module.PROBE, self.hf["model_type"])
+        self.tokenizer = _load_tokenizer(self.path)
+
+    def fit_config(self, fields: dict, target) -> dict:
+        """`fields` as the converter fits them to the checkpoint and the
+        class built (e.g. a BERT pooler only when the checkpoint has one)."""
+        if hasattr(self.module, "fit_config"):
+            return self.module.fit_config(fields, self.checkpoint, target)
+        return fields
+
+    def load_weights(self, model) -> None:
+        """Converts the checkpoint into `model` (a backbone, or a task model
+        whose backbone, and head where the converter maps one, it fills),
+        then closes it and warns about tensors nothing used."""
         try:
-            if hasattr(module, "load_model_weights"):  # task heads too (BERT)
-                module.load_model_weights(model, checkpoint, hf)
+            if hasattr(self.module, "load_model_weights"):  # task heads too (BERT)
+                self.module.load_model_weights(model, self.checkpoint, self.hf)
             else:
                 backbone = getattr(model, "backbone", model)
                 require = backbone is not model
-                module.load_weights(backbone, checkpoint, require_head=require)
+                self.module.load_weights(
+                    backbone, self.checkpoint, require_head=require
+                )
         except ValueError as error:
-            raise checkpoint.located(error) from None
-    checkpoint.close()
-    checkpoint.warn_unused()
-    from keras_transformers.generation.config import attach_generation_config
-
-    attach_generation_config(model, path)  # generation_config.json, if any
-    return model
+            raise self.checkpoint.located(error) from None
+        self.checkpoint.close()
+        self.checkpoint.warn_unused()
 
 
 def _converter_of_family(model_type: str, family: str):
@@ -293,4 +285,4 @@ def export_hf(model, directory, model_type=None) -> None:
             tokenizer.save_assets(str(path))
 
 
-__all__ = ["CONVERTERS", "export_hf", "hf_preset_data", "load_hf_model"]
+__all__ = ["CONVERTERS", "HFSource", "export_hf", "hf_preset_data"]

@@ -176,6 +176,7 @@ DECODER = dict(
     scale_embeddings=False,
     num_segments=0,
     sliding_window=None,
+    rotary_fraction=1.0,
     layer_types=None,
     layer_settings=None,
     attention_scale=None,

@@ -44,6 +44,7 @@ def _rope(hf: dict) -> tuple[float, float, dict | None]:
     params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     kind = params.pop("rope_type", params.pop("type", "default"))
     params.pop("type", None)
+    params.pop("partial_rotary_factor", None)  # see `rotary_fraction`
     default = (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     theta = params.pop("rope_theta", hf.get("rope_theta", default))
     if kind == "default":
@@ -58,7 +59,20 @@ def _rope(hf: dict) -> tuple[float, float, dict | None]:
         ]
     if kind in ("yarn", "longrope") and params.get("factor") is None and original:
         params["factor"] = hf.get("max_position_embeddings", 2048) / original
+    if kind == "dynamic":  # transformers stretches past max_position_embeddings
+        params["original_max_position_embeddings"] = hf.get(
+            "max_position_embeddings", 2048
+        )
     return float(theta), 1.0, {"rope_type": kind, **params}
+
+
+def rotary_fraction(hf: dict) -> float:
+    """`partial_rotary_factor` of either layout (the rotary dict, or the
+    top level); 1.0 when absent."""
+    for params in (hf.get("rope_scaling") or {}, hf.get("rope_parameters") or {}, hf):
+        if params.get("partial_rotary_factor") is not None:
+            return float(params["partial_rotary_factor"])
+    return 1.0
 
 
 def rope_fields(hf: dict, head_dim: int) -> tuple[float, float, dict | None]:
@@ -70,7 +84,7 @@ def rope_fields(hf: dict, head_dim: int) -> tuple[float, float, dict | None]:
     """
     try:
         theta, factor, scaling = _rope(hf)
-        rotary_frequencies(head_dim, theta, scaling)
+        rotary_frequencies(int(head_dim * rotary_fraction(hf)), theta, scaling)
     except (ValueError, KeyError) as error:
         raise ValueError(f"Llama config's rope_scaling is invalid: {error}") from None
     return theta, factor, scaling
@@ -118,6 +132,7 @@ def config_from_hf(hf: dict) -> dict:
         rope_max_wavelength=theta,
         rope_scaling_factor=factor,
         rope_scaling=scaling,
+        rotary_fraction=rotary_fraction(hf),
         activation="silu",
         gated_feed_forward=True,
         use_bias=attention_bias,
@@ -223,6 +238,12 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
     theta, factor = float(config.rope_max_wavelength), float(config.rope_scaling_factor)
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
     scaling = dict(config.rope_scaling) if config.rope_scaling else scaling
+    partial = {}
+    if config.rotary_fraction != 1.0:
+        partial = {"partial_rotary_factor": config.rotary_fraction}
+    positions = config.max_sequence_length
+    if (scaling or {}).get("rope_type") == "dynamic":  # its reference length
+        positions = scaling["original_max_position_embeddings"]
     return {
         "model_type": model_type,
         "vocab_size": config.vocabulary_size,
@@ -232,7 +253,7 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
         "num_key_value_heads": config.resolved_num_kv_heads,
         "head_dim": config.resolved_head_dim,
         "intermediate_size": config.intermediate_dim,
-        "max_position_embeddings": config.max_sequence_length,
+        "max_position_embeddings": positions,
         "hidden_act": "silu",
         "rms_norm_eps": config.norm_epsilon,
         # Both layouts: transformers 5 reads `rope_parameters`, 4.x the others.
@@ -242,6 +263,7 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
             "rope_type": "default",
             "rope_theta": theta,
             **(scaling or {}),
+            **partial,
         },
         "attention_bias": config.use_bias,
         "mlp_bias": config.use_bias,

@@ -9,14 +9,16 @@ config's `sliding_window` (transformers applies it to Phi-3 as to Mistral).
 Phi-3 has no biases.
 
 The 128k-context variants' `rope_scaling` of type `longrope` (or `yarn`)
-converts (`keras_transformers.rotary_scaling`). Not supported (a
-ValueError names them): the older type name `su` and
-`partial_rotary_factor` != 1.
+converts (`keras_transformers.rotary_scaling`), and
+`partial_rotary_factor` (Phi-4-mini: 0.75) is the config's
+`rotary_fraction`. The older type name `su` is refused (a ValueError
+names it).
 
-Nothing in a `TransformerConfig` tells a Phi-3 model from a Llama one, so
-`export_hf` writes it as "llama" ("mistral" with a sliding window), which
-transformers runs identically; `export_hf(model, path, model_type="phi3")`
-writes the fused Phi-3 layout.
+Nothing else in a `TransformerConfig` tells a Phi-3 model from a Llama
+one, so `export_hf` writes it as "llama" ("mistral" with a sliding window),
+which transformers runs identically, unless it rotates part of each head
+(phi3 then); `export_hf(model, path, model_type="phi3")` writes the fused
+Phi-3 layout.
 """
 
 from __future__ import annotations
@@ -52,24 +54,15 @@ FUSED = {
 
 
 def _check_rope(hf: dict) -> None:
-    """Raises a ValueError naming `rope_scaling` or `partial_rotary_factor`
-    when either layout (transformers 5 `rope_parameters`, or the hub's
-    top-level `rope_scaling`) asks for what we cannot reproduce."""
-    layouts = [hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}, hf]
-    for params in layouts[:2]:
+    """Raises a ValueError naming `rope_scaling` of type `su` in either
+    layout (transformers 5 `rope_parameters`, or the hub's top-level
+    `rope_scaling`)."""
+    for params in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):
         kind = params.get("rope_type", params.get("type", "default"))
         if kind == "su":
             raise ValueError(
                 "Phi3 rope_scaling of type 'su' (the first name of LongRoPE) is not "
                 "supported; set its type to 'longrope' (same fields)."
-            )
-    for params in layouts:
-        factor = params.get("partial_rotary_factor", 1.0)
-        if float(factor) != 1.0:
-            raise ValueError(
-                f"Phi3 partial_rotary_factor={factor} is not supported; "
-                "keras_transformers rotates every feature of a head "
-                "(partial_rotary_factor=1)."
             )
 
 
@@ -79,7 +72,7 @@ def config_from_hf(hf: dict) -> dict:
 
     Raises:
         ValueError: an option we cannot reproduce (`rope_scaling` of type
-            su, `partial_rotary_factor` != 1, activation other than silu).
+            su, activation other than silu).
     """
     _check_rope(hf)
     fields = llama.derived_config(hf, "Phi3", DEFAULTS, **NO_BIAS)
@@ -154,15 +147,31 @@ def export_weights(backbone) -> dict[str, np.ndarray]:
 def hf_config(config) -> dict:
     """The HF `config.json` dict (without `architectures`) for `config`."""
     hf = llama.hf_config(
-        config, MODEL_TYPE, sliding_window=config.sliding_window, use_bias=False
+        config,
+        MODEL_TYPE,
+        sliding_window=config.sliding_window,
+        use_bias=False,
+        rotary_fraction=config.rotary_fraction,
     )
     del hf["attention_bias"], hf["mlp_bias"]
     return {
         **hf,
         "sliding_window": config.sliding_window,
         "original_max_position_embeddings": config.max_sequence_length,
-        "partial_rotary_factor": 1.0,
+        "partial_rotary_factor": config.rotary_fraction,
     }
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 5
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as phi3: partial rotary (no other layout here has it). Other
+    Phi-3 configs are Llama's, and export as llama unless asked."""
+    return config.rotary_fraction != 1.0
 
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

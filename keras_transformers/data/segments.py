@@ -95,11 +95,11 @@ def segment_batches(
         pairs, is dropped); a stream cut inside a document resumes in the
         next row with a reset memory.
 
-    Example:
-    >>> batches = segment_batches(list(range(20)), batch_size=2, segment_length=4)
-    >>> x, y, w = batches[1]
-    >>> x["token_ids"].tolist(), y[0].tolist(), x["memory_reset"].tolist()
-    ([[4, 5, 6, 7], [13, 14, 15, 16]], [5, 6, 7, 8], [False, False])
+    Examples:
+        >>> batches = segment_batches(list(range(20)), batch_size=2, segment_length=4)
+        >>> x, y, w = batches[1]
+        >>> x["token_ids"].tolist(), y[0].tolist(), x["memory_reset"].tolist()
+        ([[4, 5, 6, 7], [13, 14, 15, 16]], [5, 6, 7, 8], [False, False])
     """
     batch_size = check_argument_int("batch_size", batch_size, 1)
     segment_length = check_argument_int("segment_length", segment_length, 1)

@@ -73,12 +73,12 @@ def span_corruption(
     Raises:
         ValueError: fewer sentinels than the spans need, or fewer than 2 tokens.
 
-    Example:
-    >>> inputs, targets = span_corruption(
-    ...     range(5, 15), [99, 98, 97], 1, noise_density=0.2, mean_span_length=2,
-    ...     rng=np.random.default_rng(0))
-    >>> len(inputs), len(targets), targets[[0, -2, -1]].tolist()  # one span of 2
-    (10, 5, [99, 98, 1])
+    Examples:
+        >>> inputs, targets = span_corruption(
+        ...     range(5, 15), [99, 98, 97], 1, noise_density=0.2, mean_span_length=2,
+        ...     rng=np.random.default_rng(0))
+        >>> len(inputs), len(targets), targets[[0, -2, -1]].tolist()  # one span of 2
+        (10, 5, [99, 98, 1])
     """
     tokens = np.asarray(list(tokens), dtype="int32")
     rng = rng if rng is not None else np.random.default_rng()

@@ -126,13 +126,13 @@ def apply_chat_template(
         jinja2.exceptions.SecurityError: the template tried something the
             sandbox forbids.
 
-    Example:
-    >>> apply_chat_template(
-    ...     "{% for m in messages %}<{{ m.role }}>{{ m.content }}\\n{% endfor %}"
-    ...     "{% if add_generation_prompt %}<assistant>{% endif %}",
-    ...     [{"role": "user", "content": "Hi"}],
-    ... )
-    '<user>Hi\\n<assistant>'
+    Examples:
+        >>> apply_chat_template(
+        ...     "{% for m in messages %}<{{ m.role }}>{{ m.content }}\\n{% endfor %}"
+        ...     "{% if add_generation_prompt %}<assistant>{% endif %}",
+        ...     [{"role": "user", "content": "Hi"}],
+        ... )
+        '<user>Hi\\n<assistant>'
     """
     return _compile(template).render(
         messages=_plain(messages),

@@ -341,7 +341,9 @@ def _finish(model, token_ids, generated, prompt_mask, was_text, single, checker=
     if not was_text:
         return pad_rows(rows, model.config.pad_token_id)
     decode = model.tokenizer.decode
-    texts = [decode(r.tolist()) for r in rows]
+    # The text given, then its continuation: without the special ids the
+    # tokenizer put before it (e.g. <bos>).
+    texts = [decode(r.tolist()[skip:]) for r, skip in zip(rows, was_text)]
     if checker is not None:
         for row in checker.keep:
             completion = decode(token_ids[row][generated[row]].tolist())

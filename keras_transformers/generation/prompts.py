@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 from keras import ops
 
 
+def encode_text(tokenizer, text: str) -> tuple[list[int], int]:
+    """`text` as transformers' `tokenizer(text)` begins it: with the special
+    tokens the tokenizer's post-processor puts before the text (Gemma's and
+    Llama 3's `<bos>`; none for GPT-2 or SmolLM2), where the tokenizer can
+    say (`encode(..., add_special_tokens=True)`); none it would append.
+
+    Returns:
+        `(ids, prefix)`: the ids and how many special ids lead them.
+    """
+    plain = [int(i) for i in tokenizer.encode(text)]
+    if "add_special_tokens" not in inspect.signature(tokenizer.encode).parameters:
+        return plain, 0
+    full = [int(i) for i in tokenizer.encode(text, add_special_tokens=True)]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start] + plain, start
+    return plain, 0
+
+
 def _prompt_rows(model, prompts, ids_key="token_ids", mask_key="padding_mask"):
-    """Normalises prompts to a list of id lists; returns (rows, was_text, single).
+    """Normalises prompts to a list of id lists; returns (rows, was_text,
+    single), `was_text` False for ids, and for text the number of special
+    ids leading each row (a non-empty tuple).
 
     A dict gives its ids under `ids_key` and its (right-padding) mask under
-    `mask_key`; strings are encoded with `model.tokenizer`."""
+    `mask_key`; strings are encoded with `model.tokenizer` (`encode_text`)."""
     single = isinstance(prompts, str)
     if single:
         prompts = [prompts]
@@ -27,7 +50,8 @@ def _prompt_rows(model, prompts, ids_key="token_ids", mask_key="padding_mask"):
                 "Text prompts need a tokenizer: pass token ids, or attach one with "
                 "`model.tokenizer = ...` (presets saved with a tokenizer restore it)."
             )
-        return [list(model.tokenizer.encode(p)) for p in prompts], True, single
+        encoded = [encode_text(model.tokenizer, p) for p in prompts]
+        return [ids for ids, _ in encoded], tuple(n for _, n in encoded), single
     if isinstance(prompts, (list, tuple)):
         if prompts and not any(_is_row(p) for p in prompts):
             prompts, single = [prompts], True  # one prompt as a flat id list

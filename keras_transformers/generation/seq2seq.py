@@ -218,13 +218,13 @@ def generate(
         T_out]` (text: lists of N strings), best first, and their
         length-normalised scores `[B, N]`.
 
-    Example:
-    >>> from keras_transformers.models import Seq2SeqLM
-    >>> lm = Seq2SeqLM.from_preset("transformer_tiny")
-    >>> lm.generate([[5, 6, 7, 2], [8, 2]], max_new_tokens=4).shape[0]
-    2
-    >>> lm.generate([[5, 6, 7, 2]], max_new_tokens=4, num_beams=4, stop_token_ids=None).shape
-    (1, 4)
+    Examples:
+        >>> from keras_transformers.models import Seq2SeqLM
+        >>> lm = Seq2SeqLM.from_preset("transformer_tiny")
+        >>> lm.generate([[5, 6, 7, 2], [8, 2]], max_new_tokens=4).shape[0]
+        2
+        >>> lm.generate([[5, 6, 7, 2]], max_new_tokens=4, num_beams=4, stop_token_ids=None).shape
+        (1, 4)
     """
     defaults = generation_config(model)
     spec = resolve_sampler(defaults, sampler, temperature, top_k, top_p)

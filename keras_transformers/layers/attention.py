@@ -23,7 +23,11 @@ from keras_transformers.layers.core import (
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.segment_memory import with_memory
-from keras_transformers.layers.serializable import serializable
+from keras_transformers.layers.serializable import (
+    argument_config,
+    serializable,
+    store_arguments,
+)
 
 
 @serializable
@@ -53,7 +57,9 @@ class MultiHeadAttention(keras.layers.Layer):
             applied to queries and keys (see `process_heads`).
         rope_scaling_factor: rotary position interpolation factor.
         rope_scaling: a Hugging Face rotary scaling dict (`llama3`, `yarn`,
-            `longrope`; see `RotaryEmbedding`), or None.
+            `longrope`, `dynamic`; see `RotaryEmbedding`), or None.
+        rotary_dim: features of each head that rotary positions rotate (the
+            first ones); None: all `head_dim`.
         attention_scale: factor on the query-key logits; None (default) is
             `1 / sqrt(head_dim)` (T5: 1.0, its scale folded into the weights).
         softcap: soft-capping of the scaled logits, `softcap * tanh(logits /
@@ -112,10 +118,10 @@ class MultiHeadAttention(keras.layers.Layer):
     Returns:
         `[B, T, output_dim]`, or `(output, cache)` when `cache` is given.
 
-    Example:
-    >>> layer = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, causal=True)
-    >>> tuple(layer(keras.ops.ones((2, 5, 32))).shape)
-    (2, 5, 32)
+    Examples:
+        >>> layer = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, causal=True)
+        >>> tuple(layer(keras.ops.ones((2, 5, 32))).shape)
+        (2, 5, 32)
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
         rope_scaling=None,
+        rotary_dim=None,
         attention_scale=None,
         softcap=None,
         fused=None,
@@ -147,23 +154,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`num_heads` must be a multiple of `num_kv_heads`. "
                 f"Received: num_heads={num_heads}, num_kv_heads={num_kv_heads}"
             )
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.num_kv_heads = num_kv_heads
-        self.output_dim = output_dim
-        self.use_bias = use_bias
+        store_arguments(self, locals(), skip=("kernel_initializer",))
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
-        self.qk_norm = qk_norm
-        self.norm_epsilon = norm_epsilon
-        self.dropout = dropout
-        self.causal = causal
-        self.sliding_window = sliding_window
-        self.rope_max_wavelength = rope_max_wavelength
-        self.rope_scaling_factor = rope_scaling_factor
-        self.rope_scaling = rope_scaling
-        self.attention_scale = attention_scale
-        self.softcap = softcap
-        self.fused = fused
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.rotary = None
         if rope_max_wavelength is not None:
@@ -171,6 +163,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 rope_max_wavelength,
                 rope_scaling_factor,
                 scaling=rope_scaling,
+                rotary_dim=rotary_dim,
                 dtype=self.dtype_policy,
                 name="rotary",
             )
@@ -366,23 +359,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            num_kv_heads=self.num_kv_heads,
-            output_dim=self.output_dim,
-            use_bias=self.use_bias,
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
-            norm_epsilon=self.norm_epsilon,
-            dropout=self.dropout,
-            causal=self.causal,
-            sliding_window=self.sliding_window,
-            rope_max_wavelength=self.rope_max_wavelength,
-            rope_scaling_factor=self.rope_scaling_factor,
-            rope_scaling=self.rope_scaling,
-            attention_scale=self.attention_scale,
-            softcap=self.softcap,
-            fused=self.fused,
+            argument_config(self, skip=("kernel_initializer",)),
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
         return config

@@ -9,8 +9,15 @@ from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
-from keras_transformers.layers.serializable import serializable
+from keras_transformers.layers.serializable import (
+    argument_config,
+    serializable,
+    store_arguments,
+)
 from keras_transformers.memory import rematerialized
+
+# Arguments with their own serialisation (sub-layers, an initializer).
+_OWN_SERIALISATION = ("token_mixer", "feed_forward", "kernel_initializer")
 
 
 @serializable
@@ -49,7 +56,9 @@ class TransformerBlock(keras.layers.Layer):
         rope_max_wavelength: rotary base; None for no rotary positions.
         rope_scaling_factor: rotary position interpolation.
         rope_scaling: a Hugging Face rotary scaling dict (`llama3`, `yarn`,
-            `longrope`; see `RotaryEmbedding`), or None.
+            `longrope`, `dynamic`; see `RotaryEmbedding`), or None.
+        rotary_dim: features of each head that rotary positions rotate;
+            None: all.
         attention_scale: factor on the query-key logits of both attentions;
             None is `1 / sqrt(head_dim)` (T5: 1.0).
         attention_softcap: soft-capping of the self-attention logits (see
@@ -108,6 +117,7 @@ class TransformerBlock(keras.layers.Layer):
         rope_max_wavelength=None,
         rope_scaling_factor=1.0,
         rope_scaling=None,
+        rotary_dim=None,
         attention_scale=None,
         attention_softcap=None,
         token_mixer=None,
@@ -121,29 +131,7 @@ class TransformerBlock(keras.layers.Layer):
                 "`norm_position` must be 'pre', 'post' or 'sandwich'. Received: "
                 f"{norm_position!r}"
             )
-        self.num_heads = num_heads
-        self.intermediate_dim = intermediate_dim
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.norm_position = norm_position
-        self.norm_type = norm_type
-        self.norm_epsilon = norm_epsilon
-        self.activation = activation
-        self.gated = gated
-        self.use_bias = use_bias
-        self.qkv_bias = qkv_bias
-        self.qk_norm = qk_norm
-        self.layer_scale = layer_scale
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.causal = causal
-        self.cross_attention = cross_attention
-        self.sliding_window = sliding_window
-        self.rope_max_wavelength = rope_max_wavelength
-        self.rope_scaling_factor = rope_scaling_factor
-        self.rope_scaling = rope_scaling
-        self.attention_scale = attention_scale
-        self.attention_softcap = attention_softcap
+        store_arguments(self, locals(), skip=_OWN_SERIALISATION)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         if isinstance(feed_forward, dict):
             feed_forward = keras.layers.deserialize(feed_forward)
@@ -178,6 +166,7 @@ class TransformerBlock(keras.layers.Layer):
             rope_max_wavelength=self.rope_max_wavelength,
             rope_scaling_factor=self.rope_scaling_factor,
             rope_scaling=self.rope_scaling,
+            rotary_dim=self.rotary_dim,
             softcap=self.attention_softcap,
             name="self_attention",
             **common,
@@ -333,29 +322,7 @@ class TransformerBlock(keras.layers.Layer):
             and self.feed_forward.name == "feed_forward"
         )
         config.update(
-            num_heads=self.num_heads,
-            intermediate_dim=self.intermediate_dim,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            norm_position=self.norm_position,
-            norm_type=self.norm_type,
-            norm_epsilon=self.norm_epsilon,
-            activation=self.activation,
-            gated=self.gated,
-            use_bias=self.use_bias,
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
-            layer_scale=self.layer_scale,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            causal=self.causal,
-            cross_attention=self.cross_attention,
-            sliding_window=self.sliding_window,
-            rope_max_wavelength=self.rope_max_wavelength,
-            rope_scaling_factor=self.rope_scaling_factor,
-            rope_scaling=self.rope_scaling,
-            attention_scale=self.attention_scale,
-            attention_softcap=self.attention_softcap,
+            argument_config(self, skip=_OWN_SERIALISATION),
             token_mixer=keras.layers.serialize(self.token_mixer)
             if self.token_mixer is not None
             else None,

@@ -25,10 +25,10 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         scale: multiply embeddings by this factor (sqrt(D) in the 2017 paper).
         embeddings_initializer: initializer of the matrices.
 
-    Example:
-    >>> emb = TokenEmbedding(100, 16)
-    >>> tuple(emb(emb(keras.ops.ones((2, 3), "int32")), reverse=True).shape)
-    (2, 3, 100)
+    Examples:
+        >>> emb = TokenEmbedding(100, 16)
+        >>> tuple(emb(emb(keras.ops.ones((2, 3), "int32")), reverse=True).shape)
+        (2, 3, 100)
     """
 
     def __init__(self, input_dim, output_dim, tie_weights=True, scale=1.0, **kwargs):

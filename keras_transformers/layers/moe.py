@@ -80,10 +80,10 @@ class SparseMoE(keras.layers.Layer):
     Returns:
         `[B, T, D]`.
 
-    Example:
-    >>> moe = SparseMoE(num_experts=4, num_experts_per_token=2, intermediate_dim=32)
-    >>> tuple(moe(keras.ops.ones((2, 5, 16))).shape)
-    (2, 5, 16)
+    Examples:
+        >>> moe = SparseMoE(num_experts=4, num_experts_per_token=2, intermediate_dim=32)
+        >>> tuple(moe(keras.ops.ones((2, 5, 16))).shape)
+        (2, 5, 16)
     """
 
     accepts_padding_mask = True

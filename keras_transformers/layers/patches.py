@@ -99,10 +99,10 @@ class PatchEmbedding(keras.layers.Layer):
     Returns:
         `[B, num_prefix_tokens + (H/p)*(W/p), D]`.
 
-    Example:
-    >>> layer = PatchEmbedding(8, patch_size=4, image_size=8, num_channels=1)
-    >>> tuple(layer(np.zeros((2, 8, 8, 1), "float32")).shape)
-    (2, 5, 8)
+    Examples:
+        >>> layer = PatchEmbedding(8, patch_size=4, image_size=8, num_channels=1)
+        >>> tuple(layer(np.zeros((2, 8, 8, 1), "float32")).shape)
+        (2, 5, 8)
     """
 
     def __init__(

@@ -13,7 +13,11 @@ from keras import ops
 from keras_transformers import backend
 from keras_transformers.backend.compiled import slice_rows
 from keras_transformers.layers.serializable import serializable
-from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
+from keras_transformers.rotary_scaling import (
+    dynamic_base,
+    rope_type,
+    rotary_frequencies,
+)
 
 
 @functools.cache
@@ -53,6 +57,8 @@ class RotaryEmbedding(keras.layers.Layer):
             None: plain rotary.
         max_position: the model's `max_position_embeddings`, from which YaRN
             and LongRoPE derive their factor when `scaling` gives none.
+        rotary_dim: features rotated per head, the first ones (partial
+            rotary: GPT-NeoX, Phi-4-mini); None: all of them.
 
     Call arguments:
         x: `[B, T, N, H]` queries or keys.
@@ -72,9 +78,15 @@ class RotaryEmbedding(keras.layers.Layer):
         scaling_factor=1.0,
         scaling=None,
         max_position=None,
+        rotary_dim=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if rotary_dim is not None and (rotary_dim < 2 or rotary_dim % 2):
+            raise ValueError(
+                f"`rotary_dim` must be an even number >= 2. Received: {rotary_dim}"
+            )
+        self.rotary_dim = rotary_dim
         self.max_wavelength = max_wavelength
         self.scaling_factor = scaling_factor
         self.scaling = dict(scaling) if scaling else None
@@ -93,33 +105,38 @@ class RotaryEmbedding(keras.layers.Layer):
         while PyTorch decodes eagerly, once per step for all layers:
         `backend.memo`)."""
         head_dim, length = tensors[0].shape[-1], ops.shape(tensors[0])[1]
+        rotary_dim = min(self.rotary_dim or head_dim, head_dim)
         if positions is None:
             positions = ops.arange(length)
         key = lambda: (  # noqa: E731
             "rotary",
             id(positions),
-            head_dim,
+            rotary_dim,
             self.max_wavelength,
             self.scaling_factor,
             self._scaling_key,
         )
         # The memo keeps `positions` alive, so its id stays its own.
         _, cos, sin = backend.memo(
-            key, lambda: (positions, *self.cos_sin(positions, head_dim))
+            key, lambda: (positions, *self.cos_sin(positions, rotary_dim))
         )
-        half = head_dim // 2
+        half = rotary_dim // 2
         out = []
         for x in tensors:
             x32 = x if x.dtype == cos.dtype else ops.cast(x, "float32")
+            rest = None
+            if rotary_dim < head_dim:  # the other features pass unrotated
+                x32, rest = x32[..., :rotary_dim], x32[..., rotary_dim:]
             rotated = ops.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
             y = x32 * cos + rotated * sin
+            y = y if rest is None else ops.concatenate([y, rest], axis=-1)
             out.append(y if x.dtype == y.dtype else ops.cast(y, x.dtype))
         return out
 
-    def cos_sin(self, positions, head_dim):
-        """`positions [T]` or `[B, T]` -> `(cos, sin)`, each `[B|1, T, 1, H]`
-        float32."""
-        inverse, factor = self._inverse(positions, head_dim)
+    def cos_sin(self, positions, rotary_dim):
+        """`positions [T]` or `[B, T]` -> `(cos, sin)`, each `[B|1, T, 1, R]`
+        float32 (`R = rotary_dim`)."""
+        inverse, factor = self._inverse(positions, rotary_dim)
         positions = ops.cast(positions, "float32")
         if self.scaling_factor != 1.0:
             positions = positions / self.scaling_factor
@@ -150,12 +167,34 @@ class RotaryEmbedding(keras.layers.Layer):
             return backend.from_numpy(inverse), factor
 
         inverse, factor = both_halves(False)
+        if rope_type(self.scaling) == "dynamic":
+            return self._dynamic(positions, head_dim, inverse), factor
         if rope_type(self.scaling) == "longrope":
             long_inverse, _ = both_halves(True)
             original = self.scaling["original_max_position_embeddings"]
             longer = ops.max(positions) + 1 > original
             inverse = ops.where(longer, long_inverse, inverse)
         return inverse, factor
+
+    def _dynamic(self, positions, rotary_dim, inverse):
+        """Dynamic NTK's inverse frequencies for the sequence up to the
+        largest position (`inverse`, the default ones, within the original
+        context), as transformers recomputes them per call."""
+        original = float(self.scaling["original_max_position_embeddings"])
+        length = ops.cast(ops.max(positions) + 1, "float32")
+        base = dynamic_base(
+            self.max_wavelength,
+            self.scaling,
+            ops.maximum(length, original),
+            rotary_dim,
+            ops,
+        )
+        exponent = np.arange(0, rotary_dim, 2).astype("float32") / np.float32(
+            rotary_dim
+        )
+        stretched = 1.0 / ops.power(base, backend.from_numpy(exponent))
+        stretched = ops.concatenate([stretched, stretched])  # both halves: [R]
+        return ops.where(length > original, stretched, inverse)
 
     def get_config(self):
         config = super().get_config()
@@ -164,6 +203,7 @@ class RotaryEmbedding(keras.layers.Layer):
             scaling_factor=self.scaling_factor,
             scaling=self.scaling,
             max_position=self.max_position,
+            rotary_dim=self.rotary_dim,
         )
         return config
 

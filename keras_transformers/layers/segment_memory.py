@@ -86,11 +86,11 @@ class SegmentMemory(keras.layers.Layer):
         num_layers: L.
         hidden_dim: D.
 
-    Example:
-    >>> memory = SegmentMemory(2, 8)
-    >>> memory.allocate(batch_size=3, length=4)
-    >>> tuple(memory.states.shape)
-    (2, 3, 4, 8)
+    Examples:
+        >>> memory = SegmentMemory(2, 8)
+        >>> memory.allocate(batch_size=3, length=4)
+        >>> tuple(memory.states.shape)
+        (2, 3, 4, 8)
     """
 
     def __init__(self, num_layers, hidden_dim, **kwargs):

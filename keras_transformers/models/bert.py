@@ -45,11 +45,11 @@ class BertBackbone(TextBackbone):
     position table; `disentangled` (a `DisentangledAttention`) adds the
     relative-position terms to every block's attention logits.
 
-    Example:
-    >>> bert = BertBackbone.from_preset("bert_tiny")
-    >>> out = bert({"token_ids": np.ones((1, 8), "int32")})
-    >>> tuple(out["pooled_output"].shape)
-    (1, 128)
+    Examples:
+        >>> bert = BertBackbone.from_preset("bert_tiny")
+        >>> out = bert({"token_ids": np.ones((1, 8), "int32")})
+        >>> tuple(out["pooled_output"].shape)
+        (1, 128)
     """
 
     family = "bert"

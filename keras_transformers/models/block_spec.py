@@ -64,12 +64,15 @@ def block_spec(
     every block alike), with or without cross-attention."""
     kind = layer_type(config, index) if causal else "full_attention"
     attention = layer_settings(config, index) if causal else {}
+    head_dim = config.resolved_head_dim
+    fraction = attention.get("rotary_fraction", config.rotary_fraction)
+    rotary_dim = None if fraction == 1.0 else int(head_dim * fraction)
     rotary = config.rope_max_wavelength if config.rotary else None
     kwargs = dict(
         num_heads=config.num_heads,
         intermediate_dim=config.intermediate_dim,
         num_kv_heads=config.resolved_num_kv_heads,
-        head_dim=config.resolved_head_dim,
+        head_dim=head_dim,
         norm_position=config.norm_position,
         norm_type=config.norm_type,
         norm_epsilon=config.norm_epsilon,
@@ -89,6 +92,7 @@ def block_spec(
             "rope_scaling_factor", config.rope_scaling_factor
         ),
         rope_scaling=attention.get("rope_scaling", config.rope_scaling),
+        rotary_dim=rotary_dim,
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
         kernel_initializer=initializer(config),

@@ -60,10 +60,10 @@ class CausalLM(TaskModel):
     def generate(self, prompts, **kwargs):
         """Generates continuations; see `keras_transformers.generation.generate`.
 
-        Example:
-        >>> lm = keras_transformers.from_preset("path/to/SmolLM2-135M-Instruct")  # doctest: +SKIP
-        >>> lm.generate("The capital of France is", max_new_tokens=8)  # doctest: +SKIP
-        'The capital of France is Paris.'
+        Examples:
+            >>> lm = keras_transformers.from_preset("path/to/SmolLM2-135M-Instruct")  # doctest: +SKIP
+            >>> lm.generate("The capital of France is", max_new_tokens=8)  # doctest: +SKIP
+            'The capital of France is Paris.'
         """
         from keras_transformers.generation import generate
 
@@ -73,10 +73,10 @@ class CausalLM(TaskModel):
         """Answers a conversation with the tokenizer's chat template and
         returns the reply text; see `keras_transformers.generation.chat.chat`.
 
-        Example:
-        >>> messages = [{"role": "user", "content": "Hi!"}]  # doctest: +SKIP
-        >>> reply = lm.chat(messages, max_new_tokens=32)  # doctest: +SKIP
-        >>> messages.append({"role": "assistant", "content": reply})  # doctest: +SKIP
+        Examples:
+            >>> messages = [{"role": "user", "content": "Hi!"}]  # doctest: +SKIP
+            >>> reply = lm.chat(messages, max_new_tokens=32)  # doctest: +SKIP
+            >>> messages.append({"role": "assistant", "content": reply})  # doctest: +SKIP
         """
         from keras_transformers.generation.chat import chat
 

@@ -48,10 +48,10 @@ class GPTBackbone(TextBackbone):
     Returns:
         Hidden states `[B, T, D]`, or `(hidden, cache)` when `cache` is given.
 
-    Example:
-    >>> model = GPTBackbone.from_preset("gpt2_tiny")
-    >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
-    (1, 8, 64)
+    Examples:
+        >>> model = GPTBackbone.from_preset("gpt2_tiny")
+        >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
+        (1, 8, 64)
     """
 
     family = "gpt"
@@ -123,10 +123,10 @@ class GPTCausalLM(CausalLM):
     Returns:
         Logits `[B, T, vocabulary_size]`.
 
-    Example:
-    >>> lm = GPTCausalLM.from_preset("gpt2_tiny")
-    >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
-    (1, 7)
+    Examples:
+        >>> lm = GPTCausalLM.from_preset("gpt2_tiny")
+        >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
+        (1, 7)
     """
 
     backbone_cls = GPTBackbone

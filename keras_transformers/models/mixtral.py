@@ -29,10 +29,10 @@ class MixtralBackbone(GPTBackbone):
     Returns:
         Hidden states `[B, T, D]`, or `(hidden, cache)` when `cache` is given.
 
-    Example:
-    >>> model = MixtralBackbone.from_preset("mixtral_tiny")
-    >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
-    (1, 8, 64)
+    Examples:
+        >>> model = MixtralBackbone.from_preset("mixtral_tiny")
+        >>> tuple(model({"token_ids": keras.ops.ones((1, 8), "int32")}).shape)
+        (1, 8, 64)
     """
 
     family = "mixtral"
@@ -56,10 +56,10 @@ class MixtralCausalLM(CausalLM):
     `config.moe`) and logs router statistics (`router_aux_loss`,
     `router_z_loss`, `dropped_tokens`, `expert_load_<e>`).
 
-    Example:
-    >>> lm = MixtralCausalLM.from_preset("mixtral_tiny")
-    >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
-    (1, 7)
+    Examples:
+        >>> lm = MixtralCausalLM.from_preset("mixtral_tiny")
+        >>> lm.generate([[1, 2, 3]], max_new_tokens=4, stop_token_ids=None).shape
+        (1, 7)
     """
 
     backbone_cls = MixtralBackbone

@@ -94,12 +94,12 @@ class Seq2SeqBackbone(TextBackbone):
         Decoder hidden states `[B, T, D]`. `encode()` and `decode()` expose
         the two halves; `logits()` is the tied output projection.
 
-    Example:
-    >>> model = Seq2SeqBackbone.from_preset("transformer_tiny")
-    >>> ids = keras.ops.ones((2, 7), "int32")
-    >>> out = model({"encoder_token_ids": ids, "decoder_token_ids": ids[:, :5]})
-    >>> tuple(out.shape)
-    (2, 5, 64)
+    Examples:
+        >>> model = Seq2SeqBackbone.from_preset("transformer_tiny")
+        >>> ids = keras.ops.ones((2, 7), "int32")
+        >>> out = model({"encoder_token_ids": ids, "decoder_token_ids": ids[:, :5]})
+        >>> tuple(out.shape)
+        (2, 5, 64)
     """
 
     family = "transformer"
@@ -269,10 +269,10 @@ class Seq2SeqLM(TaskModel):
         Logits `[B, T, vocabulary_size]`; train with
         `MaskedSparseCategoricalCrossentropy(ignore_class=pad, label_smoothing=0.1)`.
 
-    Example:
-    >>> lm = Seq2SeqLM.from_preset("transformer_tiny")
-    >>> lm.generate([[5, 6, 7]], max_new_tokens=4, num_beams=2).shape[0]
-    1
+    Examples:
+        >>> lm = Seq2SeqLM.from_preset("transformer_tiny")
+        >>> lm.generate([[5, 6, 7]], max_new_tokens=4, num_beams=2).shape[0]
+        1
     """
 
     backbone_cls = Seq2SeqBackbone

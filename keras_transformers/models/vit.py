@@ -118,10 +118,10 @@ class ViTBackbone(_Resizable, ConfiguredModel):
     Returns:
         `[B, num_prefix_tokens + (H/p)*(W/p), D]` final hidden states.
 
-    Example:
-    >>> vit = ViTBackbone.from_preset("vit_tiny_28")
-    >>> tuple(vit(np.zeros((1, 28, 28, 1), "float32")).shape)
-    (1, 17, 32)
+    Examples:
+        >>> vit = ViTBackbone.from_preset("vit_tiny_28")
+        >>> tuple(vit(np.zeros((1, 28, 28, 1), "float32")).shape)
+        (1, 17, 32)
     """
 
     family = "vit"
@@ -285,11 +285,11 @@ def with_image_size(model, image_size: int):
     patch grid (class / distillation tokens kept). At the same size the copy
     is identical.
 
-    Example:
-    >>> small = ViTClassifier.from_preset("vit_tiny_28", num_classes=10)
-    >>> big = with_image_size(small, 56)
-    >>> tuple(big(np.zeros((1, 56, 56, 1), "float32")).shape)
-    (1, 10)
+    Examples:
+        >>> small = ViTClassifier.from_preset("vit_tiny_28", num_classes=10)
+        >>> big = with_image_size(small, 56)
+        >>> tuple(big(np.zeros((1, 56, 56, 1), "float32")).shape)
+        (1, 10)
     """
     backbone = getattr(model, "backbone", model)
     config = backbone.config.replace(vision={"image_size": image_size})

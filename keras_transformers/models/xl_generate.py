@@ -42,7 +42,10 @@ def generate_with_memory(model, prompts, **kwargs):
     full = [np.concatenate([p, row]) for p, row in zip(prefix, out)]
     if not was_text:
         return pad_rows(full, pad)
-    texts = [model.tokenizer.decode(_strip(row, pad).tolist()) for row in full]
+    texts = [
+        model.tokenizer.decode(_strip(row, pad).tolist()[skip:])
+        for row, skip in zip(full, was_text)
+    ]
     return texts[0] if single else texts
 
 

@@ -51,10 +51,9 @@ def tokenize_13a(line: str) -> str:
     Returns:
         The tokens joined by single spaces, with no leading or trailing space.
 
-    Example:
-
-    >>> tokenize_13a("Hello, world! It's 3.14 (pi) -- l'été 2-3.")
-    "Hello , world ! It's 3.14 ( pi ) -- l'été 2 - 3 ."
+    Examples:
+        >>> tokenize_13a("Hello, world! It's 3.14 (pi) -- l'été 2-3.")
+        "Hello , world ! It's 3.14 ( pi ) -- l'été 2 - 3 ."
     """
     line = line.replace("<skipped>", "").replace("-\n", "").replace("\n", " ")
     if "&" in line:
@@ -292,12 +291,11 @@ def corpus_bleu(
     Returns:
         A `BleuScore`; `score` is in `[0, 100]`.
 
-    Example:
-
-    >>> result = corpus_bleu(["The cat sat on the mat."],
-    ...                      ["The cat sat on the red mat."])
-    >>> round(result.score, 2), result.hypothesis_length, result.reference_length
-    (61.3, 7, 8)
+    Examples:
+        >>> result = corpus_bleu(["The cat sat on the mat."],
+        ...                      ["The cat sat on the red mat."])
+        >>> round(result.score, 2), result.hypothesis_length, result.reference_length
+        (61.3, 7, 8)
     """
     smooth_value = _check_options(tokenize, smooth, smooth_value, max_ngram_order)
     stats = _statistics(
@@ -331,12 +329,11 @@ def sentence_bleu(
     Returns:
         A `BleuScore`.
 
-    Example:
-
-    >>> result = sentence_bleu("the quick brown fox",
-    ...                        ["the quick fox jumped", "a brown fox"])
-    >>> round(result.score, 2), result.counts
-    (45.18, (4, 2, 0, 0))
+    Examples:
+        >>> result = sentence_bleu("the quick brown fox",
+        ...                        ["the quick fox jumped", "a brown fox"])
+        >>> round(result.score, 2), result.counts
+        (45.18, (4, 2, 0, 0))
     """
     if not isinstance(hypothesis, str):
         raise ValueError(

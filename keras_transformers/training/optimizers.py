@@ -100,11 +100,10 @@ class AdamW(_InPlaceUpdate, keras.optimizers.AdamW):
     """`keras.optimizers.AdamW` whose PyTorch update runs in place (see
     `Adam`); the decoupled weight decay is Keras' own (in place already).
 
-    Example:
-
-    >>> optimizer = AdamW(learning_rate=1e-3, weight_decay=0.01)
-    >>> optimizer.weight_decay
-    0.01
+    Examples:
+        >>> optimizer = AdamW(learning_rate=1e-3, weight_decay=0.01)
+        >>> optimizer.weight_decay
+        0.01
     """
 
 
@@ -135,13 +134,12 @@ def transformer_adam(
         PyTorch); it serializes with the model (it and the schedule are
         registered under "keras_transformers").
 
-    Example:
-
-    >>> optimizer = transformer_adam(hidden_dim=512)
-    >>> optimizer.beta_2, optimizer.epsilon
-    (0.98, 1e-09)
-    >>> round(float(optimizer.learning_rate), 10)  # 512**-0.5 * 4000**-1.5
-    1.747e-07
+    Examples:
+        >>> optimizer = transformer_adam(hidden_dim=512)
+        >>> optimizer.beta_2, optimizer.epsilon
+        (0.98, 1e-09)
+        >>> round(float(optimizer.learning_rate), 10)  # 512**-0.5 * 4000**-1.5
+        1.747e-07
     """
     steps = kwargs.get("gradient_accumulation_steps")
     if "learning_rate" in kwargs:
