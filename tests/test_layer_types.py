@@ -82,18 +82,6 @@ def test_cached_decoding_equals_the_full_pass(mixed_lm):
     assert np.abs(full).max() <= 2.0  # the output soft cap
 
 
-def test_generate_equals_greedy_on_the_full_pass(mixed_lm):
-    prompt = np.array([[5, 9, 2, 30, 11]], "int32")
-    out = np.asarray(mixed_lm.generate(prompt, max_new_tokens=6, stop_token_ids=None))
-    ids = prompt
-    for _ in range(6):
-        logits = keras.ops.convert_to_numpy(mixed_lm(ids))
-        ids = np.concatenate(
-            [ids, logits[:, -1].argmax(-1)[:, None].astype("int32")], 1
-        )
-    np.testing.assert_array_equal(out, ids)
-
-
 def test_saved_preset_keeps_the_layer_types(mixed_lm, tmp_path):
     mixed_lm.save_to_preset(tmp_path / "mixed")
     back = kt.from_preset(tmp_path / "mixed")
