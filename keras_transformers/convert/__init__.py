@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import warnings
 from pathlib import Path
@@ -26,7 +27,6 @@ from pathlib import Path
 from keras_transformers import registry
 from keras_transformers._atomic import atomic_directory
 from keras_transformers._json import read_json_object
-from keras_transformers.convert import bart, bert, marian, t5, vit
 from keras_transformers.convert.checkpoint import Checkpoint, write_checkpoint
 from keras_transformers.preset_io import load_assets
 
@@ -187,15 +187,17 @@ def _converter(family: str, config, model_type=None):
     return registry.export_converter(family, config)
 
 
-def _bert_export(model, model_type=None):
-    """`(hf config, tensors)` of a BERT-family model as `model_type`
-    (None: "deberta-v2" with disentangled attention, else "bert")."""
-    config = getattr(model, "backbone", model).config
-    if model_type is None and config.position_embedding == "disentangled":
-        model_type = "deberta-v2"
-    if model_type in (None, "bert"):
-        return bert.export(model)
-    return _converter_of_family(model_type, "bert").export(model, model_type)
+def _export(module, model, model_type=None):
+    """`(hf config, tensors)` of `model` by converter `module`: its
+    `export(model[, model_type])` where it has one (task heads, several
+    types per module), else its `hf_config` and `export_weights` (decoders)."""
+    if hasattr(module, "export"):
+        if "model_type" in inspect.signature(module.export).parameters:
+            return module.export(model, model_type or module.MODEL_TYPE)
+        return module.export(model)
+    backbone = getattr(model, "backbone", model)
+    hf = {**module.hf_config(backbone.config), "architectures": [module.ARCHITECTURE]}
+    return hf, module.export_weights(backbone)
 
 
 def export_hf(model, directory, model_type=None) -> None:
@@ -208,22 +210,21 @@ def export_hf(model, directory, model_type=None) -> None:
     (`AutoModel`, `AutoModelForMaskedLM`, ...`SequenceClassification`,
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
     for seq2seq; `AutoModel` / `AutoModelForImageClassification` for ViT).
-    Rotary GPT models export as "llama" ("mistral" with a sliding window,
-    "qwen2" with `qkv_bias`, "qwen3" with `qk_norm`, "gemma" with
-    `scale_embeddings`), learned-position ones as "gpt2"; `model_type`
-    picks another GPT layout the config fits (e.g. "phi3", which a config
-    cannot tell from "llama");
-    BERT-family models as "bert" ("deberta-v2" with
-    `position_embedding="disentangled"`), or as `model_type` "roberta",
-    "xlm-roberta" or "camembert" (RoBERTa layout, see
-    `keras_transformers.convert.roberta`) or "distilbert"; seq2seq models
-    as "marian" (sinusoidal positions), "bart" (learned positions) or "t5"
-    (relative position bias);
-    Mixtral-family models as "mixtral" ("qwen3_moe" with
-    `qk_norm`, "qwen2_moe" with a gated shared expert or `qkv_bias`, or
-    `model_type`); ViT-family models as "vit", "deit" (with
-    `vision.distillation_token`) or "dinov2" (with `layer_scale`), plus a
-    `preprocessor_config.json` when the model normalises its inputs.
+    Without `model_type`, each family's converters say which configs they
+    take (`exports(config)`, tried by `EXPORT_ORDER`): GPT models with
+    learned positions as "gpt2"; rotary ones as "phi3" (partial rotary),
+    "gemma3_text" (sandwich norms and q/k norms), "gemma2" (sandwich
+    norms), "gemma" (`scale_embeddings`), "qwen3" (`qk_norm`), "qwen2"
+    (`qkv_bias`), "mistral" (a sliding window) or "llama"; BERT-family
+    models as "deberta-v2" (disentangled attention) or "bert" (or, asked
+    for, "roberta", "xlm-roberta", "camembert", "distilbert"); seq2seq
+    models as "t5" (relative position bias), "bart" (learned positions) or
+    "marian"; Mixtral-family models as "qwen3_moe" (`qk_norm`), "qwen2_moe"
+    (a gated shared expert or `qkv_bias`) or "mixtral"; ViT-family models
+    as "deit" (a distillation token), "dinov2" (`layer_scale`) or "vit",
+    plus a `preprocessor_config.json` when the model normalises its inputs.
+    `model_type` picks another layout of the family the config fits (e.g.
+    "phi3", which a config cannot tell from "llama").
 
     The export is atomic, as `save_to_preset` is: the files go to a fresh
     sibling directory that replaces `directory` once complete, so a killed
@@ -254,21 +255,7 @@ def export_hf(model, directory, model_type=None) -> None:
             "models only; "
             f"{type(model).__name__} exports in its own format (model_type=None)."
         )
-    if family == "bert":
-        hf, tensors = _bert_export(model, model_type)
-    elif family == "transformer" and backbone.config.position_embedding == "relative":
-        hf, tensors = t5.export(model)  # T5's relative position bias
-    elif family == "transformer":  # learned positions: BART's layout
-        learned = backbone.config.position_embedding == "learned"
-        hf, tensors = (bart if learned else marian).export(model)
-    elif family in ("mixtral", "vit"):
-        hf, tensors = _converter(family, backbone.config, model_type).export(model)
-    elif family == "gpt":
-        config = backbone.config
-        module = _converter(family, config, model_type)
-        hf = {**module.hf_config(config), "architectures": [module.ARCHITECTURE]}
-        tensors = module.export_weights(backbone)
-    else:
+    if family not in registry.FAMILIES:
         raise ValueError(
             "export_hf supports GPT-family (GPT-2 / Llama / Mistral / Qwen / Gemma / "
             "Phi-3 layouts), "
@@ -276,11 +263,13 @@ def export_hf(model, directory, model_type=None) -> None:
             "seq2seq (Marian), Mixtral (Mixtral / Qwen-MoE layouts) and ViT models. "
             f"Received: {type(model).__name__}."
         )
+    module = _converter(family, backbone.config, model_type)
+    hf, tensors = _export(module, model, model_type)
     tokenizer = getattr(model, "tokenizer", None)
     with atomic_directory(directory, markers=("config.json",)) as path:
         write_checkpoint(path, {**hf, "torch_dtype": "float32"}, tensors)
-        if family == "vit":
-            vit.write_preprocessor(backbone.config, path)
+        if hasattr(module, "write_preprocessor"):  # ViT's input normalisation
+            module.write_preprocessor(backbone.config, path)
         if tokenizer is not None and hasattr(tokenizer, "save_assets"):
             tokenizer.save_assets(str(path))
 

@@ -295,3 +295,14 @@ def export_tensors(model) -> dict[str, np.ndarray]:
         width = backbone.config.hidden_dim
         out[p + "embeddings.token_type_embeddings.weight"] = np.zeros((1, width))
     return out
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 100
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as bert: any other BERT-family encoder."""
+    return True

@@ -285,3 +285,14 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
         hf.update(id2label=labels, label2id={v: i for i, v in labels.items()})
         hf["cls_dropout"] = model.classifier_dropout
     return hf, out
+
+
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 10
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as deberta-v2: disentangled attention."""
+    return bool(config.position_embedding == "disentangled")

@@ -39,6 +39,7 @@ import sys
 
 from keras_transformers.convert import vit
 from keras_transformers.convert.image_processor import fit_directory as _fit
+from keras_transformers.convert.image_processor import write_preprocessor  # noqa: F401 (export_hf writes it)
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "deit"

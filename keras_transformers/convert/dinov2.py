@@ -58,6 +58,7 @@ from keras_transformers.convert.common import (
     fetch,
 )
 from keras_transformers.convert.image_processor import fit_directory as _fit
+from keras_transformers.convert.image_processor import write_preprocessor  # noqa: F401 (export_hf writes it)
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "dinov2"

@@ -185,4 +185,15 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, out
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 100
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as marian: any other encoder-decoder (sinusoidal positions)."""
+    return True
+
+
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

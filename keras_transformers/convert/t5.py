@@ -333,4 +333,15 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, out
 
 
+# The default export of its family: the first converter, by EXPORT_ORDER,
+# whose `exports(config)` holds (see `registry.export_converter`).
+EXPORT_ORDER = 10
+
+
+def exports(config) -> bool:
+    """Whether a config of this family with no `model_type` asked for
+    exports as t5: T5's relative position bias."""
+    return bool(config.position_embedding == "relative")
+
+
 __all__ = ["config_from_hf", "export", "fit_config", "load_weights", "preset_data"]
