@@ -46,12 +46,13 @@ def layer_type(config, index: int) -> str:
     )
 
 
-def layer_settings(config, index: int) -> dict:
+def layer_settings(config, index: int, causal: bool = True) -> dict:
     """The resolved attention settings of layer `index`: `sliding_window`
     (None for a full-attention layer), `rope_max_wavelength` (None without
     rotary positions), `rope_scaling_factor`, `rope_scaling` and
-    `rotary_fraction`."""
-    kind = layer_type(config, index)
+    `rotary_fraction`. A stack that is not `causal` (an encoder, a
+    decoder's cross-attention side) has full-attention layers only."""
+    kind = layer_type(config, index) if causal else "full_attention"
     own = (config.layer_settings or {}).get(kind, {})
     window = None
     if kind == "sliding_attention":

@@ -102,29 +102,16 @@ def export_weights(backbone):
     return gemma.export_weights(backbone)
 
 
-def _flat(theta, factor, scaling) -> dict:
-    """A flat `rope_parameters` dict."""
-    if scaling:
-        return {"rope_theta": float(theta), **scaling}
-    if factor != 1.0:
-        return {
-            "rope_type": "linear",
-            "factor": float(factor),
-            "rope_theta": float(theta),
-        }
-    return {"rope_type": "default", "rope_theta": float(theta)}
-
-
 def hf_config(config) -> dict:
     """The HF `config.json` dict (without `architectures`) for `config`."""
     settings = (config.layer_settings or {}).get("sliding_attention", {})
     hf = gemma2.sandwich_hf_config(
         config, MODEL_TYPE, qk_norm=True, layer_settings=config.layer_settings
     )
-    full = _flat(
+    _, full = llama.hf_rope(
         config.rope_max_wavelength, config.rope_scaling_factor, config.rope_scaling
     )
-    sliding = _flat(
+    _, sliding = llama.hf_rope(
         settings.get("rope_max_wavelength", config.rope_max_wavelength),
         settings.get("rope_scaling_factor", 1.0),
         settings.get("rope_scaling"),

@@ -225,6 +225,23 @@ def load_weights(
     load_head(backbone.token_embedding, checkpoint, require_head)
 
 
+def hf_rope(theta, factor, scaling) -> tuple[dict | None, dict]:
+    """Our rotary fields (`rope_max_wavelength`, `rope_scaling_factor`,
+    `rope_scaling`) as Hugging Face writes them: `(rope_scaling or None,
+    the flat rope_parameters with rope_theta)`."""
+    if scaling:
+        scaling = dict(scaling)
+    elif float(factor) != 1.0:
+        scaling = {"rope_type": "linear", "factor": float(factor)}
+    else:
+        scaling = None
+    return scaling, {
+        "rope_type": "default",
+        "rope_theta": float(theta),
+        **(scaling or {}),
+    }
+
+
 def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
     """The HF `config.json` dict (without `architectures`) for `config`.
 
@@ -235,9 +252,8 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
     layout = dict(norm_type="rms", position_embedding="rotary", activation="silu")
     required = {**DECODER, **layout, "gated_feed_forward": True, **allowed}
     check_exportable(config, required, model_type)
-    theta, factor = float(config.rope_max_wavelength), float(config.rope_scaling_factor)
-    scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
-    scaling = dict(config.rope_scaling) if config.rope_scaling else scaling
+    theta = float(config.rope_max_wavelength)
+    scaling, rope = hf_rope(theta, config.rope_scaling_factor, config.rope_scaling)
     partial = {}
     if config.rotary_fraction != 1.0:
         partial = {"partial_rotary_factor": config.rotary_fraction}
@@ -259,12 +275,7 @@ def hf_config(config, model_type=MODEL_TYPE, **allowed) -> dict:
         # Both layouts: transformers 5 reads `rope_parameters`, 4.x the others.
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": theta,
-            **(scaling or {}),
-            **partial,
-        },
+        "rope_parameters": {**rope, **partial},
         "attention_bias": config.use_bias,
         "mlp_bias": config.use_bias,
         "attention_dropout": config.attention_dropout,

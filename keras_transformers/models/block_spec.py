@@ -63,11 +63,10 @@ def block_spec(
     (decoders: per-layer types and settings, MoE spacing) or not (encoders:
     every block alike), with or without cross-attention."""
     kind = layer_type(config, index) if causal else "full_attention"
-    attention = layer_settings(config, index) if causal else {}
+    attention = layer_settings(config, index, causal)
     head_dim = config.resolved_head_dim
-    fraction = attention.get("rotary_fraction", config.rotary_fraction)
+    fraction = attention["rotary_fraction"]
     rotary_dim = None if fraction == 1.0 else int(head_dim * fraction)
-    rotary = config.rope_max_wavelength if config.rotary else None
     kwargs = dict(
         num_heads=config.num_heads,
         intermediate_dim=config.intermediate_dim,
@@ -86,12 +85,10 @@ def block_spec(
         attention_dropout=config.attention_dropout,
         causal=causal,
         cross_attention=cross_attention,
-        sliding_window=attention.get("sliding_window"),
-        rope_max_wavelength=attention.get("rope_max_wavelength", rotary),
-        rope_scaling_factor=attention.get(
-            "rope_scaling_factor", config.rope_scaling_factor
-        ),
-        rope_scaling=attention.get("rope_scaling", config.rope_scaling),
+        sliding_window=attention["sliding_window"],
+        rope_max_wavelength=attention["rope_max_wavelength"],
+        rope_scaling_factor=attention["rope_scaling_factor"],
+        rope_scaling=attention["rope_scaling"],
         rotary_dim=rotary_dim,
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
