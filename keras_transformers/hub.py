@@ -216,13 +216,10 @@ def _check_config(handle, hf: dict) -> bool:
     from keras_transformers.registry import converter
 
     try:
-        module = converter(model_type)
+        known = converter(model_type)
         with warnings.catch_warnings():  # the load itself warns, once
             warnings.simplefilter("ignore")
-            if hasattr(module, "preset_data"):
-                module.preset_data(hf)
-            else:
-                module.config_from_hf(hf)
+            known.preset_data(hf)
     except (ValueError, KeyError, TypeError) as error:
         raise HubContentError(f"{handle}: {error}") from None
     return False

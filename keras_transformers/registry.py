@@ -2,8 +2,9 @@
 converters by `model_type`.
 
 Each model class registers itself with `@register_model(task)` (its family
-is its `family` attribute), and each converter module with
-`@register_converter(MODEL_TYPE)` on its `config_from_hf`. Loading code asks
+is its `family` attribute), and each converter module declares its
+`keras_transformers.convert.protocol.Converter` with
+`register_converter(Converter(...))`. Loading code asks
 this module, and so never imports the model or converter modules it picks
 from. The first lookup loads the built-in registrations (it imports
 `keras_transformers.models` and `keras_transformers.convert`).
@@ -12,9 +13,11 @@ from. The first lookup loads the built-in registrations (it imports
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Callable
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keras_transformers.convert.protocol import Converter
 
 # The built-in families, in the order listings show them.
 FAMILIES = ("gpt", "bert", "transformer", "mixtral", "vit")
@@ -25,7 +28,7 @@ _BUILTIN_CONVERTERS = "keras_transformers.convert"
 # builds; model_type -> converter module.
 _MODELS: dict[str, dict[str, type]] = {}
 _DEFAULTS: dict[str, type] = {}
-_CONVERTERS: dict[str, ModuleType] = {}
+_CONVERTERS: dict[str, Converter] = {}
 
 
 def register_model(task: str, default: bool = False) -> Callable[[type], type]:
@@ -50,21 +53,39 @@ def register_model(task: str, default: bool = False) -> Callable[[type], type]:
     return register
 
 
-def register_converter(model_type: str) -> Callable:
-    """Decorator for a converter module's `config_from_hf`: registers that
-    module as the converter of Hugging Face `model_type`."""
+def register_converter(converter: Converter) -> Converter:
+    """Registers `converter` (a `keras_transformers.convert.protocol.Converter`)
+    as the converter of its `model_type`, and returns it."""
+    if isinstance(converter, str):  # TRANSITIONAL (removed before landing)
 
-    def register(config_from_hf: Callable) -> Callable:
-        _CONVERTERS[model_type] = sys.modules[config_from_hf.__module__]
-        return config_from_hf
+        def register(config_from_hf):
+            _PENDING[converter] = config_from_hf.__module__
+            return config_from_hf
 
-    return register
+        return register
+    _CONVERTERS[converter.model_type] = converter
+    return converter
+
+
+_PENDING: dict[str, str] = {}  # TRANSITIONAL
+
+
+def _resolve_pending() -> None:  # TRANSITIONAL
+    import sys
+
+    from keras_transformers.convert.protocol import _from_module
+
+    for model_type, name in list(_PENDING.items()):
+        _CONVERTERS[model_type] = _from_module(sys.modules[name], model_type)
+        del _PENDING[model_type]
 
 
 def _load_builtins(registrations: dict, module: str) -> None:
     """Loads the built-in registrations (imports `module`) when none are here."""
     if not registrations:
         importlib.import_module(module)
+    if registrations is _CONVERTERS:
+        _resolve_pending()
 
 
 def families() -> dict[str, tuple[type, type]]:
@@ -111,11 +132,6 @@ def resolve_class(data: dict, cls: type | None = None) -> tuple[type, type]:
     return cls, saved
 
 
-def converter_family(module: ModuleType) -> str:
-    """The model family a converter module builds ("gpt" unless it says)."""
-    return getattr(module, "FAMILY", "gpt")
-
-
 def _listing_order(family: str) -> tuple:
     """Built-in families as in `FAMILIES`, then the others by name."""
     return (
@@ -123,8 +139,8 @@ def _listing_order(family: str) -> tuple:
     )
 
 
-def converter(model_type: str | None) -> ModuleType:
-    """The converter module of Hugging Face `model_type`.
+def converter(model_type: str | None) -> Converter:
+    """The converter of Hugging Face `model_type`.
 
     Raises:
         ValueError: `model_type` has no converter; the message lists the
@@ -133,8 +149,8 @@ def converter(model_type: str | None) -> ModuleType:
     _load_builtins(_CONVERTERS, _BUILTIN_CONVERTERS)
     if model_type not in _CONVERTERS:
         by_family: dict[str, list[str]] = {}
-        for name, module in _CONVERTERS.items():
-            by_family.setdefault(converter_family(module), []).append(name)
+        for name, known in _CONVERTERS.items():
+            by_family.setdefault(known.family, []).append(name)
         order = sorted(by_family, key=_listing_order)
         listed = ", ".join(f"{sorted(by_family[f])} ({f})" for f in order)
         raise ValueError(
@@ -144,29 +160,27 @@ def converter(model_type: str | None) -> ModuleType:
     return _CONVERTERS[model_type]
 
 
-def export_converter(family: str, config) -> ModuleType:
+def export_converter(family: str, config) -> Converter:
     """The converter a `family` model with `config` exports with when no
     `model_type` is asked for: of the family's converters that declare
-    `EXPORT_ORDER` and `exports(config)`, the first (lowest order) whose
-    `exports(config)` is true.
+    `exports`, the first by `export_order` whose `exports(config)` is true.
 
     Raises:
         ValueError: no converter of `family` exports `config`.
     """
-    modules = {id(m): m for m in converters().values()}.values()
     ranked = sorted(
-        (m for m in modules if converter_family(m) == family and hasattr(m, "exports")),
-        key=lambda m: m.EXPORT_ORDER,
+        (c for c in converters().values() if c.family == family and c.exports),
+        key=lambda c: c.export_order,
     )
-    for module in ranked:
-        if module.exports(config):
-            return module
+    for known in ranked:
+        if known.exports(config):
+            return known
     raise ValueError(
         f"No {family}-family converter exports this config; pass model_type."
     )
 
 
-def converters() -> dict[str, ModuleType]:
-    """`{model_type: converter module}` of every registered converter."""
+def converters() -> dict[str, Converter]:
+    """`{model_type: converter}` of every registered converter."""
     _load_builtins(_CONVERTERS, _BUILTIN_CONVERTERS)
     return dict(_CONVERTERS)

@@ -266,3 +266,34 @@ def test_tokenizer_travels_with_the_model(hf_dirs, tmp_path):
     assert (tmp_path / "exported" / "merges.txt").exists()
     again = keras_transformers.from_preset(tmp_path / "exported")
     assert list(again.tokenizer.encode('!"#')) == [100, 2]
+
+
+def test_a_converter_declared_outside_the_package(hf_dirs, tmp_path):
+    """A model type is one `Converter` registered from anywhere: loading and
+    export_hf call only its declared fields."""
+    import dataclasses
+
+    from keras_transformers import registry
+    from keras_transformers.convert.protocol import Converter
+
+    llama = registry.converter("llama")
+    assert all(isinstance(c, Converter) for c in registry.converters().values())
+
+    def export(model, model_type):
+        hf, tensors = llama.export(model, model_type)
+        return {**hf, "model_type": model_type}, tensors
+
+    fork = dataclasses.replace(llama, model_type="llama_fork", export=export)
+    registry.register_converter(fork)
+    try:
+        directory = edited_hf_dir(
+            hf_dirs["llama"], tmp_path / "in", model_type="llama_fork"
+        )
+        lm = keras_transformers.from_preset(directory)
+        export_hf(lm, tmp_path / "out", model_type="llama_fork")
+        saved = json.loads((tmp_path / "out" / "config.json").read_text())
+        assert saved["model_type"] == "llama_fork"
+    finally:
+        registry._CONVERTERS.pop("llama_fork")
+    with pytest.raises(ValueError, match="'llama_fork' is not supported"):
+        keras_transformers.from_preset(directory)

@@ -1,4 +1,4 @@
-"""Sliding-window attention with a rolling KV cache bounded by the window:
+"""Sliding-window attention with a ring KV cache bounded by the window:
 cached decoding (token by token, in chunks, in `generate`) equals the full
 forward pass with the sliding-window mask."""
 
@@ -7,6 +7,7 @@ import pytest
 from contracts import assert_close, randomize_weights, to_numpy
 
 from keras_transformers import layers
+from keras_transformers.layers import ring_cache
 from keras_transformers.models import GPTCausalLM
 
 WINDOW = 5
@@ -38,36 +39,51 @@ def _cached(layer, x, cache_length, chunk):
     return np.concatenate(outputs, axis=1), cache
 
 
-@pytest.mark.parametrize("cache_length", [WINDOW - 1, WINDOW, WINDOW + 5])
-@pytest.mark.parametrize("chunk", [1, 3])
-def test_rolling_cache_equals_full_sequence(x, cache_length, chunk):
+@pytest.mark.parametrize("cache_length", [WINDOW, WINDOW + 5])
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_ring_cache_equals_full_sequence(x, cache_length, chunk):
     layer = _attention()
     full = to_numpy(layer(x))
     cached, cache = _cached(layer, x, cache_length, chunk)
     assert_close(cached, full, atol=1e-5)
-    # The cache holds the keys of the last `cache_length` positions, in order.
+    # The ring holds the keys of the last `cache_length` positions, position
+    # p in slot p % cache_length.
     keys = to_numpy(layer.key_dense(x))
     keys = to_numpy(layer.rotary(keys, np.arange(x.shape[1])))
-    assert_close(cache[0], keys[:, -cache_length:], atol=1e-5)
+    last = np.arange(x.shape[1] - cache_length, x.shape[1])
+    slots = np.argsort(last % cache_length)
+    assert_close(cache[0], keys[:, last[slots]], atol=1e-5)
+
+
+def test_ring_positions():
+    # a 4-slot ring after writing position 5: slots hold 4, 5, 2, 3
+    np.testing.assert_array_equal(to_numpy(ring_cache.positions(5, 4)), [4, 5, 2, 3])
+    # after position 1 only: slots 2 and 3 are empty (negative)
+    np.testing.assert_array_equal(to_numpy(ring_cache.positions(1, 4)), [0, 1, -2, -1])
 
 
 def test_short_cache_holding_every_position_is_exact(x):
-    layer = _attention(window=40)  # cache 17 < window - 1, but never overflows
+    layer = _attention(window=40)  # cache 17 < window, but never wraps
     cached, _ = _cached(layer, x, x.shape[1], chunk=3)
     assert_close(cached, to_numpy(layer(x)), atol=1e-5)
 
 
 def test_too_short_cache_raises(x):
     layer = _attention()
-    cache = tuple(np.zeros((2, WINDOW - 2, 2, 8), "float32") for _ in range(2))
-    with pytest.raises(ValueError, match=rf"{WINDOW - 1}.*length {WINDOW - 2}"):
+    cache = tuple(np.zeros((2, WINDOW - 1, 2, 8), "float32") for _ in range(2))
+    with pytest.raises(ValueError, match=rf"{WINDOW - 1} positions.*{WINDOW}"):
         layer(x[:, :1], cache=cache, cache_index=WINDOW)
 
 
-def test_mask_with_key_offset():
+def test_mask_with_key_positions():
     mask = to_numpy(
         layers.attention_mask(
-            2, 5, causal=True, sliding_window=3, query_offset=1, key_offset=-2
+            2,
+            5,
+            causal=True,
+            sliding_window=3,
+            query_offset=1,
+            key_positions=np.array([-2, -1, 0, 1, 2]),
         )
     )
     # keys at positions -2..2, queries at 1 and 2
@@ -84,7 +100,7 @@ def test_window_covering_the_sequence_is_full_causal_attention(x):
     full(x)
     full.set_weights(windowed.get_weights())
     assert_close(windowed(x), full(x), atol=1e-5)
-    cached, _ = _cached(windowed, x, x.shape[1] - 1, chunk=1)
+    cached, _ = _cached(windowed, x, x.shape[1], chunk=1)
     assert_close(cached, full(x), atol=1e-5)
 
 
@@ -156,7 +172,7 @@ def test_model_cached_decoding_equals_full_forward(rng):
     "window, lengths, new",
     [
         (8, (3, 13), 20),  # no prefill: the loop feeds every prompt token
-        (8, (35, 40), 12),  # a 32-token prefill, then a rolling cache of 8
+        (8, (35, 40), 12),  # a 32-token prefill, then a ring cache of 8
         (40, (4, 9), 12),  # buffer of 32 < window: a short cache, never full
     ],
 )

@@ -6,10 +6,12 @@ and `export_hf` writes one that
 `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
 One small module per `model_type` (see `CONVERTERS`) maps the config and the
-weights both ways; nothing is ever unpickled. Each registers itself with
-`keras_transformers.registry.register_converter` on its `config_from_hf`,
-and says which configs of its family it exports by default (`EXPORT_ORDER`,
-`exports(config)`); this package imports every module in it.
+weights both ways; nothing is ever unpickled. Each declares one
+`keras_transformers.convert.protocol.Converter` (its config mapping, its
+loader and export over one two-way tensor-name map, and which configs of
+its family it exports by default) and registers it with
+`keras_transformers.registry.register_converter`; this package imports
+every module in it.
 
 Examples:
     >>> lm = keras_transformers.from_preset("path/to/hf/gpt2")  # doctest: +SKIP
@@ -19,7 +21,6 @@ Examples:
 from __future__ import annotations
 
 import importlib
-import inspect
 import pkgutil
 import warnings
 from pathlib import Path
@@ -36,12 +37,12 @@ from keras_transformers.preset_io import load_assets
 for _module in pkgutil.iter_modules([str(Path(__file__).parent)]):
     importlib.import_module(f"keras_transformers.convert.{_module.name}")
 
-# model_type -> converter module.
+# model_type -> converter (`keras_transformers.convert.protocol.Converter`).
 CONVERTERS = registry.converters()
 
 
 def _read(path: Path):
-    """The HF config dict of a directory and its converter module."""
+    """The HF config dict of a directory and its converter."""
     file = Path(path) / "config.json"
     if not file.exists():
         raise FileNotFoundError(
@@ -51,18 +52,9 @@ def _read(path: Path):
     return hf, registry.converter(hf.get("model_type"))
 
 
-def _preset_data(hf: dict, module, path: Path) -> dict:
-    if hasattr(module, "preset_data"):  # families with several task classes
-        data = module.preset_data(hf)
-        if hasattr(module, "fit_directory"):  # e.g. ViT's preprocessor_config.json
-            data["config"] = module.fit_directory(data["config"], path)
-        return data
-    base = set(hf.get("architectures") or ()) == {module.BASE_ARCHITECTURE}
-    return {
-        "family": "gpt",
-        "class_name": "GPTBackbone" if base else "GPTCausalLM",
-        "config": module.config_from_hf(hf),
-    }
+def _preset_data(hf: dict, converter, path: Path) -> dict:
+    data = converter.preset_data(hf)
+    return {**data, "config": converter.fit_directory(data["config"], path)}
 
 
 def hf_preset_data(path) -> dict:
@@ -127,34 +119,27 @@ class HFSource:
 
     def __init__(self, path, load_weights: bool = True):
         self.path = Path(path)
-        self.hf, self.module = _read(self.path)
-        self.data = _preset_data(self.hf, self.module, self.path)
+        self.hf, self.converter = _read(self.path)
+        self.data = _preset_data(self.hf, self.converter, self.path)
         self.checkpoint = Checkpoint(self.path) if load_weights else None
         if self.checkpoint is not None:
-            module = self.module
-            self.checkpoint.prefix(module.PREFIXES, module.PROBE, self.hf["model_type"])
+            converter = self.converter
+            self.checkpoint.prefix(
+                converter.prefixes, converter.probe, self.hf["model_type"]
+            )
         self.tokenizer = _load_tokenizer(self.path)
 
     def fit_config(self, fields: dict, target) -> dict:
         """`fields` as the converter fits them to the checkpoint and the
         class built (e.g. a BERT pooler only when the checkpoint has one)."""
-        if hasattr(self.module, "fit_config"):
-            return self.module.fit_config(fields, self.checkpoint, target)
-        return fields
+        return self.converter.fit_config(fields, self.checkpoint, target)
 
     def load_weights(self, model) -> None:
         """Converts the checkpoint into `model` (a backbone, or a task model
         whose backbone, and head where the converter maps one, it fills),
         then closes it and warns about tensors nothing used."""
         try:
-            if hasattr(self.module, "load_model_weights"):  # task heads too (BERT)
-                self.module.load_model_weights(model, self.checkpoint, self.hf)
-            else:
-                backbone = getattr(model, "backbone", model)
-                require = backbone is not model
-                self.module.load_weights(
-                    backbone, self.checkpoint, require_head=require
-                )
+            self.converter.load_weights(model, self.checkpoint, self.hf)
         except ValueError as error:
             raise self.checkpoint.located(error) from None
         self.checkpoint.close()
@@ -163,41 +148,28 @@ class HFSource:
 
 def _converter_of_family(model_type: str, family: str):
     """The converter registered for `model_type`, which must build `family`."""
-    module = registry.converter(model_type)
-    if registry.converter_family(module) != family:
+    converter = registry.converter(model_type)
+    if converter.family != family:
         types = sorted(
             name
             for name, other in registry.converters().items()
-            if registry.converter_family(other) == family
+            if other.family == family
         )
         name = family.upper()
         raise ValueError(
             f"model_type={model_type!r} is not a {name}-family checkpoint type; "
             f"a {name}-family model exports as one of {types}."
         )
-    return module
+    return converter
 
 
 def _converter(family: str, config, model_type=None):
     """The converter a `family` model with `config` exports with:
     `model_type`'s when given, else the family's default for the config
-    (each converter module says which configs it takes: `exports`)."""
+    (each converter says which configs it takes: `exports`)."""
     if model_type is not None:
         return _converter_of_family(model_type, family)
     return registry.export_converter(family, config)
-
-
-def _export(module, model, model_type=None):
-    """`(hf config, tensors)` of `model` by converter `module`: its
-    `export(model[, model_type])` where it has one (task heads, several
-    types per module), else its `hf_config` and `export_weights` (decoders)."""
-    if hasattr(module, "export"):
-        if "model_type" in inspect.signature(module.export).parameters:
-            return module.export(model, model_type or module.MODEL_TYPE)
-        return module.export(model)
-    backbone = getattr(model, "backbone", model)
-    hf = {**module.hf_config(backbone.config), "architectures": [module.ARCHITECTURE]}
-    return hf, module.export_weights(backbone)
 
 
 def export_hf(model, directory, model_type=None) -> None:
@@ -263,13 +235,12 @@ def export_hf(model, directory, model_type=None) -> None:
             "seq2seq (Marian), Mixtral (Mixtral / Qwen-MoE layouts) and ViT models. "
             f"Received: {type(model).__name__}."
         )
-    module = _converter(family, backbone.config, model_type)
-    hf, tensors = _export(module, model, model_type)
+    converter = _converter(family, backbone.config, model_type)
+    hf, tensors = converter.export(model, converter.model_type)
     tokenizer = getattr(model, "tokenizer", None)
     with atomic_directory(directory, markers=("config.json",)) as path:
         write_checkpoint(path, {**hf, "torch_dtype": "float32"}, tensors)
-        if hasattr(module, "write_preprocessor"):  # ViT's input normalisation
-            module.write_preprocessor(backbone.config, path)
+        converter.write_preprocessor(backbone.config, path)  # e.g. ViT's
         if tokenizer is not None and hasattr(tokenizer, "save_assets"):
             tokenizer.save_assets(str(path))
 

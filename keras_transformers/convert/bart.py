@@ -44,6 +44,7 @@ from keras_transformers.convert.common import (
     load_layer,
     load_positions,
 )
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "bart"
@@ -82,7 +83,6 @@ def _check(hf: dict) -> None:
             )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF BART `config.json` dict.
 
@@ -169,15 +169,25 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 20
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as bart: learned positions."""
     return bool(config.position_embedding == "learned")
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=20,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

@@ -26,6 +26,7 @@ from keras_transformers.convert.common import (
     fetch,
     load_layer,
 )
+from keras_transformers.convert.protocol import Converter
 from keras_transformers.convert.renamed import Renamed
 from keras_transformers.registry import register_converter
 
@@ -122,7 +123,6 @@ def _as_bert(hf: dict) -> dict:
     return {**hf, "architectures": architectures, "classifier_dropout": dropout}
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF DeBERTa-v2 `config.json` dict.
 
@@ -287,12 +287,24 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
     return hf, out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 10
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as deberta-v2: disentangled attention."""
     return bool(config.position_embedding == "disentangled")
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=export,
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+        exports=exports,
+        export_order=10,  # the family's default: registry.export_converter
+    )
+)

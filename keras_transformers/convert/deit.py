@@ -39,7 +39,8 @@ import sys
 
 from keras_transformers.convert import vit
 from keras_transformers.convert.image_processor import fit_directory as _fit
-from keras_transformers.convert.image_processor import write_preprocessor  # noqa: F401 (export_hf writes it)
+from keras_transformers.convert.image_processor import write_preprocessor
+from keras_transformers.convert.protocol import Converter, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "deit"
@@ -59,7 +60,6 @@ FIELDS, SIZES = vit.FIELDS, vit.SIZES  # DeiTConfig's keys and defaults are ViT'
 TOKEN = dict(pooling="token", class_token=True, distillation_token=True)
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF DeiT `config.json` dict.
 
@@ -89,6 +89,9 @@ def fit_directory(fields: dict, directory) -> dict:
 def fit_config(fields: dict, checkpoint, cls) -> dict:
     """A pooler only when `pooler.dense` is saved, never for a classifier."""
     return vit.fit_config(fields, checkpoint, cls, _THIS)
+
+
+layer_names = vit.layer_names
 
 
 def head_layers(model) -> list[tuple]:
@@ -135,12 +138,26 @@ def export(model) -> tuple[dict, dict]:
 _THIS = sys.modules[__name__]
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 10
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as deit: a distillation token."""
     return bool(config.vision.distillation_token)
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_directory=fit_directory,
+        fit_config=fit_config,
+        write_preprocessor=write_preprocessor,
+        exports=exports,
+        export_order=10,  # the family's default: registry.export_converter
+    )
+)

@@ -58,7 +58,8 @@ from keras_transformers.convert.common import (
     fetch,
 )
 from keras_transformers.convert.image_processor import fit_directory as _fit
-from keras_transformers.convert.image_processor import write_preprocessor  # noqa: F401 (export_hf writes it)
+from keras_transformers.convert.image_processor import write_preprocessor
+from keras_transformers.convert.protocol import Converter, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "dinov2"
@@ -99,7 +100,6 @@ def swiglu_width(hidden_size: int, mlp_ratio) -> int:
     return (int(int(hidden_size * mlp_ratio) * 2 / 3) + 7) // 8 * 8
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF DINOv2 `config.json` dict.
 
@@ -247,12 +247,25 @@ def export(model) -> tuple[dict, dict]:
 _THIS = sys.modules[__name__]
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 20
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as dinov2: LayerScale."""
     return bool(config.layer_scale is not None)
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_directory=fit_directory,
+        write_preprocessor=write_preprocessor,
+        exports=exports,
+        export_order=20,  # the family's default: registry.export_converter
+    )
+)

@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from keras_transformers.convert import bert
+from keras_transformers.convert.protocol import Converter
 from keras_transformers.convert.renamed import Renamed
 from keras_transformers.registry import register_converter
 
@@ -104,7 +105,6 @@ def _as_bert(hf: dict) -> dict:
     }
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF DistilBERT `config.json` dict.
 
@@ -171,3 +171,18 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
     out.pop(_distilbert_name("bert.embeddings.token_type_embeddings.weight"), None)
     out.pop("embeddings.token_type_embeddings.weight", None)
     return hf, out
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=export,
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+    )
+)

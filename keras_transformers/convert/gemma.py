@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert import llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gemma"
@@ -63,7 +64,6 @@ def _check(hf: dict) -> None:
             )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Gemma `config.json` dict.
 
@@ -128,15 +128,25 @@ def hf_config(config) -> dict:
     return {**hf, "hidden_act": GELU_TANH[0], "hidden_activation": GELU_TANH[0]}
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 30
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as gemma: scaled embeddings."""
     return bool(config.scale_embeddings)
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=30,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

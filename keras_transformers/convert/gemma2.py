@@ -16,6 +16,7 @@ before and after each sub-layer (`norm_position="sandwich"`:
 from __future__ import annotations
 
 from keras_transformers.convert import gemma, llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gemma2"
@@ -79,7 +80,6 @@ def sandwich_fields(hf: dict, name: str, rope_keys=None, every: int = 2) -> dict
     }
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Gemma 2 `config.json` dict.
 
@@ -154,15 +154,25 @@ def hf_config(config) -> dict:
     }
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 20
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as gemma2: sandwich norms."""
     return bool(config.norm_position == "sandwich")
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=20,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

@@ -18,6 +18,7 @@ Gemma 2's layout (`keras_transformers.convert.gemma2`: sandwich norms,
 from __future__ import annotations
 
 from keras_transformers.convert import gemma, gemma2, llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gemma3_text"
@@ -56,7 +57,6 @@ def _rope_by_type(hf: dict) -> dict:
     return by_type
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Gemma 3 text `config.json` dict.
 
@@ -127,15 +127,25 @@ def hf_config(config) -> dict:
     }
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 10
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as gemma3: sandwich norms with q/k norms."""
     return bool(config.norm_position == "sandwich" and config.qk_norm)
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=10,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

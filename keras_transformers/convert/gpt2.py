@@ -23,6 +23,7 @@ from keras_transformers.convert.common import (
     load_positions,
     special_ids,
 )
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gpt2"
@@ -44,7 +45,6 @@ UNSUPPORTED = {
 }
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF GPT-2 `config.json` dict.
 
@@ -189,12 +189,23 @@ def export_weights(backbone) -> dict[str, np.ndarray]:
     return out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 0
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as gpt2: learned positions."""
     return bool(config.position_embedding != "rotary")
+
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=0,  # the family's default: registry.export_converter
+    )
+)

@@ -21,6 +21,7 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 from keras_transformers.rotary_scaling import rope_type, rotary_frequencies
 
@@ -90,7 +91,6 @@ def rope_fields(hf: dict, head_dim: int) -> tuple[float, float, dict | None]:
     return theta, factor, scaling
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Llama `config.json` dict.
 
@@ -304,12 +304,23 @@ def export_weights(backbone, feed_forward=_export_mlp) -> dict[str, np.ndarray]:
     return out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 100
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as llama: any other rotary decoder."""
     return True
+
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=100,  # the family's default: registry.export_converter
+    )
+)

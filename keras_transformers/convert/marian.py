@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert import seq2seq_common as s2s
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "marian"
@@ -79,7 +80,6 @@ def _check(hf: dict) -> None:
         )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Marian `config.json` dict.
 
@@ -185,15 +185,25 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 100
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as marian: any other encoder-decoder (sinusoidal positions)."""
     return True
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=100,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

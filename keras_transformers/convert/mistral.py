@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 
 from keras_transformers.convert import llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "mistral"
@@ -28,7 +29,6 @@ DEFAULTS = dict(
 NO_BIAS = dict(attention_bias=False, mlp_bias=False)
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Mistral `config.json` dict.
 
@@ -55,15 +55,25 @@ def hf_config(config) -> dict:
     return {**hf, "sliding_window": config.sliding_window}
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 60
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as mistral: a sliding window without biases."""
     return bool(config.sliding_window is not None and not config.use_bias)
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=60,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

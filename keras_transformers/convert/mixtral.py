@@ -41,6 +41,7 @@ from keras_transformers.convert.common import (
     check_shape,
     fetch,
 )
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "mixtral"
@@ -71,7 +72,6 @@ MOE_LAYOUT = dict(
 )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Mixtral `config.json` dict.
 
@@ -234,15 +234,25 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, export_weights(backbone)
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 100
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as mixtral: any other sparse decoder."""
     return True
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=100,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert import llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "phi3"
@@ -66,7 +67,6 @@ def _check_rope(hf: dict) -> None:
             )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Phi-3 `config.json` dict.
 
@@ -162,16 +162,26 @@ def hf_config(config) -> dict:
     }
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 5
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as phi3: partial rotary (no other layout here has it). Other
     Phi-3 configs are Llama's, and export as llama unless asked."""
     return config.rotary_fraction != 1.0
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=5,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from keras_transformers.convert import llama
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen2"
@@ -42,7 +43,6 @@ def check_full_attention(hf: dict, name: str) -> None:
         )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Qwen2 `config.json` dict.
 
@@ -77,15 +77,25 @@ def hf_config(config) -> dict:
     return {**hf, **full_attention_keys(config)}
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 50
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen2: query/key/value biases alone."""
     return bool(config.qkv_bias and not config.use_bias)
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=50,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

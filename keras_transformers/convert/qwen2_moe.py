@@ -43,6 +43,7 @@ import numpy as np
 
 from keras_transformers.convert import llama, mixtral, qwen2
 from keras_transformers.convert.common import export_layer, load_layer
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen2_moe"
@@ -125,7 +126,6 @@ def moe_fields(hf: dict, name: str, defaults: dict) -> dict:
     )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Qwen2-MoE `config.json` dict.
 
@@ -232,11 +232,6 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, export_weights(backbone)
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 20
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen2_moe: a gated shared expert or query/key/value biases."""
@@ -244,5 +239,20 @@ def exports(config) -> bool:
         (config.moe is not None and config.moe.shared_expert_gate) or config.qkv_bias
     )
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=20,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

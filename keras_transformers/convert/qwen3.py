@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import partial
 
 from keras_transformers.convert import llama, qwen2
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen3"
@@ -25,7 +26,6 @@ PROBE = llama.PROBE
 DEFAULTS = {**qwen2.DEFAULTS, "head_dim": 128}
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Qwen3 `config.json` dict.
 
@@ -56,15 +56,25 @@ def hf_config(config) -> dict:
     return {**hf, **qwen2.full_attention_keys(config)}
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 40
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen3: q/k norms."""
     return bool(config.qk_norm)
 
+
+CONVERTER = register_converter(
+    decoder(
+        MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
+        config_from_hf=config_from_hf,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=40,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

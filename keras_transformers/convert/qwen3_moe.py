@@ -20,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from keras_transformers.convert import llama, mixtral, qwen2, qwen2_moe
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen3_moe"
@@ -49,7 +50,6 @@ LAYOUT = dict(
 )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF Qwen3-MoE `config.json` dict.
 
@@ -94,15 +94,25 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, export_weights(backbone)
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 10
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen3_moe: q/k norms."""
     return bool(config.qk_norm)
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        exports=exports,
+        export_order=10,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "load_weights", "preset_data"]

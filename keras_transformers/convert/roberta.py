@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.convert import bert
+from keras_transformers.convert.protocol import Converter
 from keras_transformers.convert.renamed import POSITIONS, Renamed
 from keras_transformers.registry import register_converter
 
@@ -86,10 +87,6 @@ def config_from_hf(hf: dict) -> dict:
             refuses, or a position table no longer than `pad_token_id + 1`.
     """
     return bert.config_from_hf(_as_bert(hf))
-
-
-for _type in MODEL_TYPES:
-    register_converter(_type)(config_from_hf)
 
 
 def preset_data(hf: dict) -> dict:
@@ -165,3 +162,18 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
             value = np.concatenate([np.zeros((offset, value.shape[1])), value])
         out[name] = value
     return hf, out
+
+
+CONVERTER = Converter(
+    MODEL_TYPE,
+    config_from_hf=config_from_hf,
+    preset_data=preset_data,
+    load_weights=load_model_weights,
+    export=export,
+    family=FAMILY,
+    prefixes=PREFIXES,
+    probe=PROBE,
+    fit_config=fit_config,
+)
+for _type in MODEL_TYPES:  # one layout, three model types
+    register_converter(CONVERTER.as_type(_type))

@@ -44,6 +44,7 @@ from keras_transformers.convert.common import (
     load_layer,
     special_ids,
 )
+from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "t5"
@@ -113,7 +114,6 @@ def _check(hf: dict) -> None:
         _fail(f"architectures={names}", f"supported are {sorted(CLASSES)}.")
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF T5 `config.json` dict.
 
@@ -333,15 +333,26 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
     return hf, out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 10
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as t5: T5's relative position bias."""
     return bool(config.position_embedding == "relative")
 
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+        exports=exports,
+        export_order=10,  # the family's default: registry.export_converter
+    )
+)
 
 __all__ = ["config_from_hf", "export", "fit_config", "load_weights", "preset_data"]

@@ -66,6 +66,7 @@ from keras_transformers.convert.image_processor import (  # noqa: F401 (API)
     preprocessor_config,
     write_preprocessor,
 )
+from keras_transformers.convert.protocol import Converter, one_layout
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.registry import register_converter
 
@@ -174,7 +175,6 @@ def encoder_fields(hf: dict, spec) -> dict:
     )
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF ViT `config.json` dict.
 
@@ -224,12 +224,18 @@ def _block(block, names: dict) -> list[tuple]:
     return [(x, names[k], s) for k, (x, s) in parts.items() if names.get(k)]
 
 
+def layer_names(config) -> dict:
+    """Our block part -> its HF name (`LAYER`; a type with other names
+    defines its own, e.g. DINOv2's SwiGLU)."""
+    return LAYER
+
+
 def _entries(model, p: str, head: bool, spec) -> list[tuple]:
     """(layer, HF name, kernel shape, transposed) of `model`'s layers (the
     patch embedding aside): the backbone under prefix `p`, its pooler, and
     the heads if `head`."""
     backbone = getattr(model, "backbone", model)
-    names = spec.layer_names(backbone.config) if hasattr(spec, "layer_names") else LAYER
+    names = spec.layer_names(backbone.config)
     out = []
     for i, block in enumerate(backbone.blocks):
         out += [(x, f"{p}encoder.layer.{i}.{n}", s) for x, n, s in _block(block, names)]
@@ -399,12 +405,26 @@ def export(model, spec=None) -> tuple[dict, dict[str, np.ndarray]]:
 _THIS = sys.modules[__name__]  # the `spec` of the ViT type itself
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 100
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as vit: any other vision transformer."""
     return True
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_directory=fit_directory,
+        fit_config=fit_config,
+        write_preprocessor=write_preprocessor,
+        exports=exports,
+        export_order=100,  # the family's default: registry.export_converter
+    )
+)

@@ -6,7 +6,7 @@ shortest prompt, rounded up to a bucket, fills the cache, and its logits
 at that prompt's last token choose the next position (`_begin_fn`); the
 loop (`loop.py`) then produces position `i` from position `i - 1`, keeping
 prompt tokens where a row's prompt is longer than the shortest one. A
-sliding-window model's rolling cache is filled with a bucketed prefix of
+sliding-window model's ring cache is filled with a bucketed prefix of
 the shortest prompt only (see `_prefix_length`). Shapes are static, so XLA
 compiles the loop once per bucket (JAX and TensorFlow); PyTorch runs it
 eagerly without autograd, prefilling only the shortest prompt, with a
@@ -62,9 +62,10 @@ def _prefix_length(config, min_length, length):
 
     Without a sliding window, the shortest prompt rounded up to a bucket:
     positions past a row's prompt hold garbage until the loop writes them,
-    which causal attention never reads early. A rolling (sliding-window)
-    cache must see only real tokens, in order, so it prefills a bucketed
-    prefix of the shortest prompt rounded down; the loop then feeds the
+    which causal attention never reads early. A sliding-window ring cache
+    must see only real tokens (a slot written past a row's prompt would
+    read as an earlier position), so it prefills a bucketed prefix of the
+    shortest prompt rounded down; the loop then feeds the
     remaining prompt tokens one by one, starting at position `prefix + 1`.
     Static lengths: one compiled program per bucket. Eager loops (PyTorch)
     have no program to share: they prefill exactly the shortest prompt, as

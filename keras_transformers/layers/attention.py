@@ -7,13 +7,12 @@ H head size.
 
 from __future__ import annotations
 
-import numbers
-
 import keras
 from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
+from keras_transformers.layers import ring_cache
 from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import (
     EinsumDense,
@@ -76,18 +75,15 @@ class MultiHeadAttention(keras.layers.Layer):
         query: `[B, T, D]`.
         key_value: `[B, S, D]` for cross-attention; None for self-attention.
         key_padding_mask: `[B, S]`, True/1 where the key is real. With a
-            self-attention cache, S is the cache length (with a rolling
-            cache, `S_c + T`: the cache slots, then the new tokens).
+            self-attention cache, S is the cache length (None with a
+            sliding-window ring cache, whose slots are all real).
         cache: for self-attention, a `(key, value)` pair of `[B, S_max, K, H]`
             tensors holding earlier positions, updated at `cache_index`; for
             cross-attention (no `cache_index`), the projected encoder pair from
             `project_key_value`. With `causal` and `sliding_window`, the
-            self-attention cache is rolling instead: of any length
-            `S_c >= sliding_window - 1` (or `>= cache_index`: it then holds
-            every earlier position), slot `j` holds position
-            `cache_index - S_c + j` (empty while negative); the new tokens
-            attend to `concat(cache, new)` and the returned cache is its last
-            `S_c` rows.
+            self-attention cache is a ring of `L` slots instead (`L >=
+            sliding_window`, or one per position written), position `p` in
+            slot `p % L` (see `keras_transformers.layers.ring_cache`).
         cache_index: position of the first query token in the cache (scalar).
         positions: `[T]` or `[B, T]` rotary positions; defaults to
             `cache_index + arange(T)`.
@@ -211,7 +207,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """A zero self-attention cache for decoding up to `max_length`
         positions: `(key, value)`, each `[B, S, K, H]`, with `S = max_length`,
         or for a causal sliding window `min(max_length, sliding_window)` (a
-        rolling cache of the most recent positions, see `call`)."""
+        ring of the most recent positions, see `call`)."""
         if self.causal and self.sliding_window is not None:
             max_length = min(max_length, self.sliding_window)
         shape = (batch_size, max_length, self.num_kv_heads, self.head_dim)
@@ -276,11 +272,14 @@ class MultiHeadAttention(keras.layers.Layer):
                 positions = self._positions(ops.shape(query)[1], offset)
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
-        key_offset = None
+        key_positions = None
         if cache is not None and cache_index is not None:
             if causal and self.sliding_window is not None:
-                k, v, cache = self._roll_cache(cache, k, v, cache_index)
-                key_offset = cache_index - ops.shape(cache[0])[1]
+                window = self.sliding_window
+                k, v, cache, key_positions = ring_cache.update(
+                    cache, k, v, cache_index, window
+                )
+                causal = key_positions is not None  # None: one query sees all
             else:
                 # K and V are written separately (XLA then updates in place).
                 k = backend.update_cache(cache[0], k, cache_index)  # [B, S_max, K, H]
@@ -320,7 +319,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 causal=causal,
                 sliding_window=self.sliding_window if causal else None,
                 query_offset=offset,
-                key_offset=key_offset,
+                key_positions=key_positions,
             )
         out = attend(self, q, k, v, mask, use_is_causal, training, attention_bias)
         out = call_layer(self.output_dense, out)  # [B, T, D]
@@ -334,27 +333,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if not isinstance(offset, int):
             return compute()
         return backend.memo(("positions", length, offset), compute)
-
-    def _roll_cache(self, cache, k, v, cache_index):
-        """Rolling sliding-window cache: `cache` holds the `S_c` positions
-        just before the new `T` tokens. Returns the keys and values to attend
-        to, `concat(cache, new)` `[B, S_c + T, K, H]` each, and the updated
-        cache, their last `S_c` rows."""
-        length = cache[0].shape[1]
-        # Shorter than the window is exact only while it holds every earlier
-        # position (`init_cache` with max_length < sliding_window).
-        short = length is not None and length < self.sliding_window - 1
-        if short and isinstance(cache_index, numbers.Integral) and cache_index > length:
-            raise ValueError(
-                "A rolling sliding-window KV cache needs at least sliding_window "
-                f"- 1 = {self.sliding_window - 1} positions (or every earlier "
-                f"one). Received a cache of length {length} for "
-                f"sliding_window={self.sliding_window} at cache_index={cache_index}."
-            )
-        t = ops.shape(k)[1]
-        k = ops.concatenate([cache[0], ops.cast(k, cache[0].dtype)], axis=1)
-        v = ops.concatenate([cache[1], ops.cast(v, cache[1].dtype)], axis=1)
-        return k, v, (k[:, t:], v[:, t:])
 
     def get_config(self):
         config = super().get_config()

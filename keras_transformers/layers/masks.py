@@ -17,7 +17,7 @@ def attention_mask(
     causal: bool = False,
     sliding_window: int | None = None,
     query_offset=0,
-    key_offset=None,
+    key_positions=None,
 ):
     """Builds a boolean attention mask.
 
@@ -30,10 +30,10 @@ def attention_mask(
             most recent positions (including their own). Needs `causal=True`.
         query_offset: absolute position of the first query (an int or a
             scalar tensor; the KV-cache index when decoding).
-        key_offset: absolute position of the first key (an int or a scalar
-            tensor), for a rolling KV cache whose keys do not start at
-            position 0; keys at negative positions (empty cache slots) are
-            masked (with `causal`). None: keys are at positions `0 .. S - 1`.
+        key_positions: `[S]` int, the absolute position of each key, for a
+            ring KV cache whose slots are out of order; keys at negative
+            positions (empty slots) are masked (with `causal`). None: keys
+            are at positions `0 .. S - 1`.
 
     Returns:
         None when nothing is masked, else a bool tensor of shape `[1, 1, T, S]`
@@ -45,13 +45,13 @@ def attention_mask(
             query_offset, "int32"
         )
         k_pos = ops.arange(key_length, dtype="int32")
-        if key_offset is not None:
-            k_pos = k_pos + ops.cast(key_offset, "int32")
+        if key_positions is not None:
+            k_pos = ops.cast(key_positions, "int32")
         q_pos, k_pos = q_pos[:, None], k_pos[None, :]
         mask = k_pos <= q_pos
         if sliding_window is not None:
             mask = ops.logical_and(mask, k_pos > q_pos - sliding_window)
-        if key_offset is not None:
+        if key_positions is not None:
             mask = ops.logical_and(mask, k_pos >= 0)
         mask = mask[None, None, :, :]
     if key_padding_mask is not None:

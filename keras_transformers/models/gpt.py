@@ -85,7 +85,7 @@ class GPTBackbone(TextBackbone):
         """A zero cache for decoding up to `max_length` positions: each
         block's own, in the compute dtype (self-attention: a `(key, value)`
         pair, each `[B, S, K, H]` with `S = max_length`, or for a sliding
-        layer `min(max_length, window)`: a rolling cache of the most recent
+        layer `min(max_length, window)`: a ring cache of the most recent
         positions; see `MultiHeadAttention`)."""
         dtype = self.compute_dtype
         return tuple(b.init_cache(batch_size, max_length, dtype) for b in self.blocks)

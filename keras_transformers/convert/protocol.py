@@ -1,0 +1,219 @@
+"""The converter protocol: what one Hugging Face `model_type` declares.
+
+Every converter module of `keras_transformers.convert` ends with one
+declaration, `CONVERTER = register_converter(Converter(...))` (or a factory
+below that fills the parts its family shares), and loading
+(`keras_transformers.loading` through `convert.HFSource`), the hub's early
+config check and `export_hf` call only the fields of that object: nothing
+asks a module which functions it happens to define.
+
+A converter's tensor names are one two-way map per module (`llama._layers`,
+`bert._entries`, `seq2seq_common.entries`, `vit._entries`, `t5._entries`):
+the same list of `(layer, Hugging Face name, kernel shape)` drives
+`load_weights` and `export`, so the two directions cannot disagree.
+
+Examples:
+    A decoder with the Llama tensor names and its own config mapping
+    (`keras_transformers/convert/mistral.py`):
+
+    >>> CONVERTER = register_converter(  # doctest: +SKIP
+    ...     decoder(
+    ...         "mistral",
+    ...         architectures=("MistralModel", "MistralForCausalLM"),
+    ...         config_from_hf=config_from_hf,
+    ...         hf_config=hf_config,
+    ...         load_weights=llama.load_weights,
+    ...         export_weights=llama.export_weights,
+    ...         prefixes=llama.PREFIXES,
+    ...         probe=llama.PROBE,
+    ...         exports=exports,
+    ...         export_order=60,
+    ...     )
+    ... )
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+
+def _same_fields(fields: dict, *context) -> dict:
+    return fields
+
+
+def _no_preprocessor(config, directory) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+    """One Hugging Face `model_type`'s converter.
+
+    Attributes:
+        model_type: the `model_type` of `config.json` it reads and writes.
+        config_from_hf: `(hf config dict) -> TransformerConfig fields`.
+            Raises ValueError naming an option that cannot convert.
+        preset_data: `(hf config dict) -> {"family", "class_name",
+            "config"}` (+ `"task"`: head arguments), the class picked
+            from `architectures`.
+        load_weights: `(model, checkpoint, hf config dict) -> None`: fills
+            the built model (a backbone, or a task model's backbone and the
+            heads the converter maps) from a `convert.Checkpoint`.
+        export: `(model, model_type) -> (config.json dict, {name: array})`.
+        family: the model family it builds ("gpt", "bert", "transformer",
+            "mixtral", "vit").
+        prefixes: the name prefixes a checkpoint may put before the
+            backbone's tensors (e.g. `("model.", "")`).
+        probe: a backbone tensor name (after the prefix) every checkpoint of
+            the type holds; a checkpoint without it is of another type.
+        fit_directory: `(config fields, directory) -> fields`: settings read
+            from other files of the directory (e.g. ViT's
+            `preprocessor_config.json`).
+        fit_config: `(config fields, checkpoint or None, class) -> fields`:
+            settings that follow the tensors saved or the class built (e.g.
+            a BERT pooler only when the checkpoint has one).
+        write_preprocessor: `(config, directory) -> None`: extra files
+            `export_hf` writes beside the checkpoint.
+        exports: `(config) -> bool`: whether a model of `family` with this
+            config exports as this type when no `model_type` is asked for;
+            None: only when asked for.
+        export_order: the order `exports` is tried in within the family
+            (lowest first; see `keras_transformers.registry.export_converter`).
+    """
+
+    model_type: str
+    config_from_hf: Callable[[dict], dict]
+    preset_data: Callable[[dict], dict]
+    load_weights: Callable[..., None]
+    export: Callable[..., tuple]
+    family: str = "gpt"
+    prefixes: tuple[str, ...] = ("",)
+    probe: str = ""
+    fit_directory: Callable[..., dict] = _same_fields
+    fit_config: Callable[..., dict] = _same_fields
+    write_preprocessor: Callable[..., None] = _no_preprocessor
+    exports: Callable[..., bool] | None = None
+    export_order: int = 100
+
+    def as_type(self, model_type: str) -> Converter:
+        """The same converter registered under another `model_type` (e.g.
+        RoBERTa's for "xlm-roberta" and "camembert")."""
+        return dataclasses.replace(self, model_type=model_type)
+
+
+def backbone_weights(load: Callable[..., None]) -> Callable[..., None]:
+    """`load_weights` from a backbone loader `load(backbone, checkpoint,
+    require_head)`: a task model's output layer is then required."""
+
+    def load_weights(model, checkpoint, hf: dict) -> None:
+        backbone = getattr(model, "backbone", model)
+        load(backbone, checkpoint, require_head=backbone is not model)
+
+    return load_weights
+
+
+def one_layout(export: Callable[..., tuple]) -> Callable[..., tuple]:
+    """`export` from `export(model)` of a converter with one layout (the
+    `model_type` asked for is its own)."""
+
+    def export_model(model, model_type: str) -> tuple:
+        return export(model)
+
+    return export_model
+
+
+def decoder(
+    model_type: str,
+    *,
+    architectures: tuple[str, str],
+    config_from_hf: Callable[[dict], dict],
+    hf_config: Callable,
+    load_weights: Callable[..., None],
+    export_weights: Callable,
+    prefixes: tuple[str, ...],
+    probe: str,
+    exports: Callable[..., bool] | None = None,
+    export_order: int = 100,
+) -> Converter:
+    """The converter of a GPT-family decoder type.
+
+    Args:
+        architectures: `(base model class, causal-LM class)` in
+            transformers, e.g. `("LlamaModel", "LlamaForCausalLM")`: a
+            checkpoint of the first loads as `GPTBackbone`, any other as
+            `GPTCausalLM`, and exports write the matching one.
+        hf_config: `(TransformerConfig) -> config.json dict`.
+        load_weights: `(backbone, checkpoint, require_head) -> None`.
+        export_weights: `(backbone) -> {name: array}` (with `lm_head`
+            when untied).
+        The other arguments are `Converter`'s.
+    """
+    base, causal = architectures
+
+    def preset_data(hf: dict) -> dict:
+        is_base = set(hf.get("architectures") or ()) == {base}
+        return {
+            "family": "gpt",
+            "class_name": "GPTBackbone" if is_base else "GPTCausalLM",
+            "config": config_from_hf(hf),
+        }
+
+    def export(model, model_type: str) -> tuple:
+        backbone = getattr(model, "backbone", model)
+        hf = {**hf_config(backbone.config), "architectures": [causal]}
+        return hf, export_weights(backbone)
+
+    return Converter(
+        model_type,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=backbone_weights(load_weights),
+        export=export,
+        family="gpt",
+        prefixes=prefixes,
+        probe=probe,
+        exports=exports,
+        export_order=export_order,
+    )
+
+
+def _from_module(module, model_type):  # TRANSITIONAL (removed before landing)
+    get = lambda n, d=None: getattr(module, n, d)  # noqa: E731
+    if get("preset_data") is None:
+        return decoder(
+            model_type,
+            architectures=(module.BASE_ARCHITECTURE, module.ARCHITECTURE),
+            config_from_hf=module.config_from_hf,
+            hf_config=module.hf_config,
+            load_weights=module.load_weights,
+            export_weights=module.export_weights,
+            prefixes=module.PREFIXES,
+            probe=module.PROBE,
+            exports=get("exports"),
+            export_order=get("EXPORT_ORDER", 100),
+        )
+    load = get("load_model_weights") or backbone_weights(module.load_weights)
+    export = module.export
+    import inspect
+
+    if "model_type" not in inspect.signature(export).parameters:
+        export = one_layout(export)
+    return Converter(
+        model_type,
+        config_from_hf=module.config_from_hf,
+        preset_data=module.preset_data,
+        load_weights=load,
+        export=export,
+        family=get("FAMILY", "gpt"),
+        prefixes=module.PREFIXES,
+        probe=module.PROBE,
+        fit_directory=get("fit_directory", _same_fields),
+        fit_config=get("fit_config", _same_fields),
+        write_preprocessor=get("write_preprocessor", _no_preprocessor),
+        exports=get("exports"),
+        export_order=get("EXPORT_ORDER", 100),
+    )
+
+
+__all__ = ["Converter", "backbone_weights", "decoder", "one_layout"]
