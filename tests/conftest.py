@@ -4,6 +4,7 @@ The backend is chosen by `KERAS_BACKEND` (jax, tensorflow or torch) before
 Keras is imported; `.ci/run` runs the whole suite once per backend.
 """
 
+import json
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -87,6 +88,26 @@ SLOW_FILES = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_runtest_logreport(report):
+    """With `KT_TEST_TIMES=<file>`, appends each test phase's duration as a
+    JSON line `{"backend", "test", "phase", "seconds"}` (every xdist
+    worker to the same file): the data for choosing what to speed up or move
+    to the `large` tier (CONTRIBUTING.md, "The suite's budget")."""
+    path = os.environ.get("KT_TEST_TIMES")
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "backend": keras.config.backend(),
+            "test": report.nodeid,
+            "phase": report.when,
+            "seconds": round(report.duration, 3),
+        }
+    )
+    with open(path, "a") as file:
+        file.write(line + "\n")
 
 
 @pytest.fixture(autouse=True)
