@@ -368,7 +368,8 @@ def test_save_and_load_assets(tokenizer, tmp_path):
         assert loaded.merges == tokenizer.merges
         assert loaded.encode(SAMPLES[:10]) == tokenizer.encode(SAMPLES[:10])
     assert BPETokenizer.from_assets(tmp_path / "tok").special_tokens == SPECIALS
-    assert load_tokenizer(tmp_path) is None  # No tokenizer files there.
+    with pytest.raises(FileNotFoundError, match=r"none of vocab\.json \+ merges"):
+        load_tokenizer(tmp_path)  # No tokenizer files there.
 
 
 def test_transformers_loads_saved_files_with_same_ids(tokenizer, tmp_path):

@@ -5,8 +5,10 @@
 WordLevel) with the `tokenizers` library, with the special tokens, padding
 side and chat templates of `tokenizer_config.json`; its ids and text are
 those of `transformers.AutoTokenizer` on the same directory. Hugging Face
-checkpoints with a `tokenizer.json` load with it (see
-:func:`load_hf_tokenizer`), BERT-family ones excepted: they get
+checkpoints with a `tokenizer.json`, or with only a SentencePiece model
+(`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`, `spm.model`;
+read without the `sentencepiece` package, see `tokenizer.spm`), load with
+it (see :func:`load_hf_tokenizer`), BERT-family ones excepted: they get
 `keras_transformers.preprocessing.BertPreprocessor`, which gives the same
 ids and also runs inside `tf.data`.
 

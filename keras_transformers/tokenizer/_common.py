@@ -13,6 +13,14 @@ VOCAB_FILENAME = "vocab.json"
 MERGES_FILENAME = "merges.txt"
 CONFIG_FILENAME = "tokenizer_config.json"
 HF_TOKENIZER_FILENAME = "tokenizer.json"
+# SentencePiece models of Hugging Face repositories without a `tokenizer.json`
+# (Llama 2 and Mistral; T5 and ALBERT; XLM-RoBERTa and CamemBERT; DeBERTa-v3).
+SENTENCEPIECE_FILENAMES = (
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "spm.model",
+)
 
 PathLike = str | os.PathLike
 
@@ -38,6 +46,16 @@ _BYTE_TO_UNICODE = _bytes_to_unicode()
 
 def _bytes_to_token(data: bytes) -> str:
     return "".join(_BYTE_TO_UNICODE[b] for b in data)
+
+
+def _no_tokenizer(directory: str, names: Iterable[str]) -> FileNotFoundError:
+    """The error for a directory without any of the tokenizer files `names`."""
+    return FileNotFoundError(
+        f"No tokenizer in '{directory}': it holds none of {', '.join(names)}. "
+        "Copy the tokenizer files from the model's repository into it (a "
+        "SentencePiece model alone will do), or save one there with "
+        "`tokenizer.save_assets(directory)`."
+    )
 
 
 def _dedupe(items: Iterable[str | None]) -> list[str]:

@@ -8,8 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from keras_transformers.tokenizer import spm
 from keras_transformers.tokenizer._common import (
     DEFAULT_END_TOKEN,
+    HF_TOKENIZER_FILENAME,
+    MERGES_FILENAME,
+    SENTENCEPIECE_FILENAMES,
+    VOCAB_FILENAME,
     PathLike,
     _canonicalize_ids,
     _canonicalize_texts,
@@ -18,10 +23,12 @@ from keras_transformers.tokenizer._common import (
     _check_vocabulary,
     _dedupe,
     _is_symbolic,
+    _no_tokenizer,
     _pad,
 )
 from keras_transformers.tokenizer.assets import _AssetsMixin
 from keras_transformers.tokenizer.files import _has_assets
+from keras_transformers.tokenizer.hf import HFTokenizer
 from keras_transformers.tokenizer.layer import _layer_class
 
 
@@ -332,35 +339,44 @@ class BPETokenizer(_AssetsMixin):
         return dense[0] if scalar else dense
 
 
-def load_tokenizer(directory: PathLike) -> BPETokenizer | None:
-    """Loads the tokenizer of a directory, or returns None if it has none.
+def load_tokenizer(directory: PathLike) -> BPETokenizer | HFTokenizer:
+    """Loads the tokenizer of a directory.
 
-    A directory has a tokenizer when it holds `vocab.json` and/or
-    `merges.txt`, or `tokenizer.json` (see `BPETokenizer.from_assets`).
+    GPT-2 files (`vocab.json` + `merges.txt`, or a byte-level BPE
+    `tokenizer.json`) load as a `BPETokenizer` (see
+    `BPETokenizer.from_assets`); a directory with only a SentencePiece
+    model (`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`,
+    `spm.model`) as an `HFTokenizer` (see `HFTokenizer.from_assets`).
 
     Args:
         directory: A directory, e.g. one written by `save_assets` or a
             Hugging Face model directory.
 
     Returns:
-        The tokenizer, or None.
+        The tokenizer.
 
     Raises:
-        FileNotFoundError: The directory does not exist, or only one of
-            `vocab.json` / `merges.txt` is present.
+        FileNotFoundError: The directory does not exist, holds none of
+            those files (the message lists them), or only one of
+            `vocab.json` / `merges.txt`.
         ValueError: A tokenizer file is not valid.
 
     Example:
 
     ```python
     tokenizer = load_tokenizer("checkpoints/gpt2")
-    if tokenizer is None:
-        ...  # the model has no tokenizer of its own
     ```
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"Directory '{directory}' does not exist.")
-    if not _has_assets(directory):
-        return None
-    return BPETokenizer.from_assets(directory)
+    if _has_assets(directory):
+        return BPETokenizer.from_assets(directory)
+    if spm.model_file(directory):
+        return HFTokenizer.from_assets(directory)
+    names = (
+        f"{VOCAB_FILENAME} + {MERGES_FILENAME}",
+        HF_TOKENIZER_FILENAME,
+        *SENTENCEPIECE_FILENAMES,
+    )
+    raise _no_tokenizer(directory, names)

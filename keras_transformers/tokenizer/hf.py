@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from keras_transformers.tokenizer import hf_files
+from keras_transformers.tokenizer import hf_files, spm
 from keras_transformers.tokenizer._common import (
+    HF_TOKENIZER_FILENAME,
     PathLike,
     _canonicalize_ids,
     _canonicalize_texts,
@@ -411,7 +412,10 @@ class HFTokenizer(_HFAssetsMixin):
 
 
 def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
-    """The `HFTokenizer` of a directory, or None when it has no `tokenizer.json`.
+    """The `HFTokenizer` of a directory, or None when it has no Hugging Face
+    tokenizer: neither a `tokenizer.json` nor a SentencePiece model
+    (`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`,
+    `spm.model`; see `HFTokenizer.from_assets`).
 
     A `tokenizer.json` beside the `tokenizer_config.json` of another of our
     tokenizer classes is left to that class.
@@ -424,7 +428,9 @@ def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
 
     Raises:
         FileNotFoundError: The directory does not exist.
-        ValueError: A tokenizer file is corrupt or not valid.
+        ValueError: A tokenizer file is corrupt or not valid, or a
+            SentencePiece model of a tokenizer class this library cannot
+            build (the message says how to write its `tokenizer.json`).
 
     Example:
 
@@ -435,9 +441,12 @@ def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"Directory '{directory}' does not exist.")
-    if not hf_files.has_hf_tokenizer(directory):
-        return None
-    return HFTokenizer.from_assets(directory)
+    if hf_files.has_hf_tokenizer(directory) or (
+        not os.path.isfile(os.path.join(directory, HF_TOKENIZER_FILENAME))
+        and spm.model_file(directory)
+    ):
+        return HFTokenizer.from_assets(directory)
+    return None
 
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer", "saved_by_hf_tokenizer"]

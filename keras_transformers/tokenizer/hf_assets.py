@@ -6,11 +6,13 @@ import json
 import os
 from typing import Any, TypeVar
 
-from keras_transformers.tokenizer import hf_files
+from keras_transformers.tokenizer import hf_files, spm
 from keras_transformers.tokenizer._common import (
     CONFIG_FILENAME,
     HF_TOKENIZER_FILENAME,
+    SENTENCEPIECE_FILENAMES,
     PathLike,
+    _no_tokenizer,
 )
 
 # The class `from_assets` is called on (`HFTokenizer` or a subclass).
@@ -24,8 +26,13 @@ class _HFAssetsMixin:
     def from_assets(cls: type[_Tokenizer], directory: PathLike) -> _Tokenizer:
         """Loads a Hugging Face tokenizer directory, or one `save_assets` wrote.
 
-        Reads `tokenizer.json`; special tokens (strings or `AddedToken`
-        dicts), `padding_side`, `truncation_side`, `model_max_length` (values
+        Reads `tokenizer.json`, or, where there is none, a SentencePiece
+        model (`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`
+        or `spm.model`), built as `transformers` builds the tokenizer class
+        the directory names (Llama, T5, XLM-RoBERTa, CamemBERT, DeBERTa-v2,
+        ALBERT, or the model file's own settings; see
+        `keras_transformers.tokenizer.spm`); special tokens (strings or
+        `AddedToken` dicts), `padding_side`, `truncation_side`, `model_max_length` (values
         of 1e9 and above, Hugging Face's "no limit", become None),
         `clean_up_tokenization_spaces`, `split_special_tokens` and
         `chat_template` from `tokenizer_config.json`; the named tokens of a
@@ -40,8 +47,11 @@ class _HFAssetsMixin:
             The tokenizer.
 
         Raises:
-            FileNotFoundError: The directory or its `tokenizer.json` is missing.
-            ValueError: A file is corrupt or not valid (the message names it).
+            FileNotFoundError: The directory is missing, or has no tokenizer
+                file (the message lists the names looked for).
+            ValueError: A file is corrupt or not valid, or a SentencePiece
+                model of a tokenizer class this library cannot build (the
+                message names it and the fix).
 
         Example:
 
@@ -55,6 +65,12 @@ class _HFAssetsMixin:
                 f"Tokenizer directory '{directory}' does not exist."
             )
         path = os.path.join(directory, HF_TOKENIZER_FILENAME)
+        if not os.path.isfile(path) and spm.model_file(directory):
+            backend, options = spm.read_directory(directory)
+            return cls(backend, **options)
+        if not os.path.isfile(path):
+            names = (HF_TOKENIZER_FILENAME, *SENTENCEPIECE_FILENAMES)
+            raise _no_tokenizer(directory, names)
         backend, sides = hf_files.read_backend(path)
         return cls(backend, **hf_files.read_options(directory, sides))
 
