@@ -90,10 +90,11 @@ def hf_preset_data(path) -> dict:
 
 
 def _load_tokenizer(path: Path):
-    """The directory's tokenizer (an `HFTokenizer` for its `tokenizer.json`,
-    a WordPiece preprocessor for BERT's `vocab.txt`, or byte-level BPE), or
-    None (with a warning naming the file and the fix when there is one we
-    cannot read)."""
+    """The directory's tokenizer (an `HFTokenizer` for its `tokenizer.json`
+    or, without one, its SentencePiece model; a WordPiece preprocessor for
+    BERT's `vocab.txt`; or byte-level BPE), or None: when the directory has
+    no tokenizer files, or (with a warning naming the file and the fix) one
+    we cannot read, so that the weights still load."""
     try:
         return load_assets(path)
     except (ValueError, FileNotFoundError, KeyError) as error:
