@@ -134,11 +134,36 @@ def test_flops_count_each_layers_context():
         ),
         (dict(attention_softcap=0.0), "attention_softcap"),
         (dict(norm_position="middle"), "norm_position"),
+        (
+            dict(norm_position="parallel", stacks="encoder_decoder"),
+            'norm_position=.parallel.*with stacks="encoder_decoder"',
+        ),
+        (dict(qk_norm="head"), "qk_norm='head'.*'projection'"),
+        (
+            dict(
+                layer_types=["no_rope_attention", "full_attention"] * 2,
+                num_layers=4,
+                layer_settings={"no_rope_attention": {"rotary": True}},
+            ),
+            r"\['no_rope_attention'\]\['rotary'\]=True.*'full_attention'",
+        ),
     ],
 )
 def test_bad_layer_settings_name_the_field(changes, match):
     with pytest.raises(ValueError, match=match):
         kt.TransformerConfig(**{**MIXED, **changes})
+
+
+def test_bad_block_layouts_name_the_argument():
+    with pytest.raises(ValueError, match="parallel.*cross_attention=True"):
+        TransformerBlock(
+            num_heads=2,
+            intermediate_dim=8,
+            norm_position="parallel",
+            cross_attention=True,
+        )
+    with pytest.raises(ValueError, match="qk_norm='heads'"):
+        MultiHeadAttention(num_heads=2, head_dim=4, qk_norm="heads")
 
 
 def test_layer_types_are_for_decoders():

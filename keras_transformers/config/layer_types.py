@@ -4,8 +4,10 @@ A `TransformerConfig` describes its layers with `layer_types` (one entry
 per layer) and `layer_settings` (per type, the settings that differ from
 the config's own). Without `layer_types`, every layer has one type:
 "sliding_attention" when the config has a `sliding_window` (Mistral: every
-layer slides), else "full_attention". Pure Python: the config validates
-with it before any framework is imported.
+layer slides), else "full_attention". A type may carry defaults of its
+own: "no_rope_attention" is full attention without rotary positions
+(SmolLM3's NoPE layers). Pure Python: the config validates with it before
+any framework is imported.
 
 Examples:
     >>> from keras_transformers import TransformerConfig
@@ -24,8 +26,10 @@ Examples:
 
 from __future__ import annotations
 
-# The token mixers a layer can have.
-LAYER_TYPES = ("full_attention", "sliding_attention")
+# The kinds of layer a stack can have.
+LAYER_TYPES = ("full_attention", "sliding_attention", "no_rope_attention")
+# Settings a type has unless `layer_settings` says otherwise.
+TYPE_DEFAULTS = {"no_rope_attention": {"rotary": False}}
 # The settings a type may change, and what each is.
 SETTINGS = {
     "sliding_window": "attention span of a sliding layer (an integer >= 1)",
@@ -53,7 +57,10 @@ def layer_settings(config, index: int, causal: bool = True) -> dict:
     `rotary_fraction`. A stack that is not `causal` (an encoder, a
     decoder's cross-attention side) has full-attention layers only."""
     kind = layer_type(config, index) if causal else "full_attention"
-    own = (config.layer_settings or {}).get(kind, {})
+    own = {
+        **TYPE_DEFAULTS.get(kind, {}),
+        **(config.layer_settings or {}).get(kind, {}),
+    }
     window = None
     if kind == "sliding_attention":
         window = own.get("sliding_window", config.sliding_window)
@@ -110,6 +117,12 @@ def check_layer_types(config, fail) -> None:
             )
         if not isinstance(own.get("rotary", True), bool):
             fail(f"layer_settings[{kind!r}]['rotary']", own["rotary"], "True or False")
+        if kind == "no_rope_attention" and own.get("rotary") is True:
+            fail(
+                "layer_settings['no_rope_attention']['rotary']",
+                True,
+                "False (layers with rotary positions are 'full_attention')",
+            )
 
 
 def check_windows(config, fail) -> None:
@@ -131,6 +144,7 @@ def check_windows(config, fail) -> None:
 __all__ = [
     "LAYER_TYPES",
     "SETTINGS",
+    "TYPE_DEFAULTS",
     "check_layer_types",
     "check_windows",
     "layer_settings",

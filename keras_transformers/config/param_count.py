@@ -72,7 +72,8 @@ def _attention_params(config) -> int:
     biases = (q + 2 * kv + d) if config.use_bias else 0
     if config.qkv_bias and not config.use_bias:
         biases = q + 2 * kv
-    return weights + biases + (2 * h if config.qk_norm else 0)
+    qk_norm = {True: 2 * h, "projection": q + kv, False: 0}[config.qk_norm]
+    return weights + biases + qk_norm
 
 
 def _disentangled_params(config, norm: int) -> int:

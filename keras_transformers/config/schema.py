@@ -28,8 +28,9 @@ from keras_transformers.config.validation import (
 from keras_transformers.rotary_scaling import rotary_frequencies
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
-NORM_POSITIONS = ("pre", "post", "sandwich")
+NORM_POSITIONS = ("pre", "post", "sandwich", "output", "parallel")
 NORM_TYPES = ("layer", "rms")
+QK_NORMS = (False, True, "projection")
 POSITION_EMBEDDINGS = (
     "learned",
     "sinusoidal",
@@ -58,9 +59,12 @@ class TransformerConfig(_Group):
         head_dim: per-head size H; None = hidden_dim // num_heads.
         stacks: "decoder" (causal LM), "encoder" or "encoder_decoder".
         num_decoder_layers: decoder blocks for "encoder_decoder"; None = num_layers.
-        norm_position: "pre" (x + f(norm(x))), "post" (norm(x + f(x))) or
+        norm_position: "pre" (x + f(norm(x))), "post" (norm(x + f(x))),
             "sandwich" (x + norm'(f(norm(x))): a second norm on each
-            sub-layer's output, as Gemma 2 and 3).
+            sub-layer's output, as Gemma 2 and 3), "output" (x + norm(f(x)):
+            the one norm on the output, as OLMo 2) or "parallel"
+            (x + attn(norm(x)) + ff(norm'(x)): both sub-layers read the
+            block's input, as GPT-NeoX and Pythia; not with cross-attention).
         norm_type: "layer" (LayerNorm) or "rms" (RMSNorm).
         norm_epsilon: epsilon of every norm.
         final_norm: a norm after the last block (pre-norm stacks).
@@ -107,9 +111,11 @@ class TransformerConfig(_Group):
         qkv_bias: biases on the query, key and value projections even when
             `use_bias` is False (Qwen2: `[N * H]` and `[K * H]` biases, none
             on the attention output or the feed-forward).
-        qk_norm: an RMSNorm over each head's H features (weights `[H]`,
-            `norm_epsilon`) on queries and keys before rotary positions
-            (Qwen3's `q_norm` / `k_norm`).
+        qk_norm: RMSNorms (`norm_epsilon`) on queries and keys before rotary
+            positions: True over each head's H features (weights `[H]`,
+            Qwen3's `q_norm` / `k_norm`), "projection" over all heads'
+            features of the projection (weights `[N * H]` and `[K * H]`,
+            OLMo 2's), or False for none.
         layer_scale: LayerScale: each block multiplies the output of each
             residual branch (attention, feed-forward) by a learned
             per-channel scale `[D]` before adding it, initialised to this
@@ -126,11 +132,13 @@ class TransformerConfig(_Group):
             Without `layer_types` it applies to every layer; with them, to
             the "sliding_attention" layers.
         layer_types: per layer (num_layers entries), its type:
-            "full_attention" or "sliding_attention" (see
+            "full_attention", "sliding_attention" or "no_rope_attention"
+            (full attention without rotary positions; see
             `keras_transformers.config.layer_types`); None = all layers alike.
         layer_settings: per layer type, the settings that differ from this
             config's (`sliding_window`, `rope_max_wavelength`,
-            `rope_scaling_factor`, `rope_scaling`, `rotary`), e.g. Gemma 3's
+            `rope_scaling_factor`, `rope_scaling`, `rotary`,
+            `rotary_fraction`), e.g. Gemma 3's
             `{"sliding_attention": {"rope_max_wavelength": 10000.0}}`.
         attention_softcap: soft-capping of the attention logits,
             `cap * tanh(logits / cap)` after scaling (Gemma 2); None = none.
@@ -186,7 +194,7 @@ class TransformerConfig(_Group):
     gated_feed_forward: bool = False
     use_bias: bool = True
     qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: bool | str = False
     layer_scale: float | None = None
     tie_embeddings: bool = True
     logits_bias: bool = False
@@ -234,6 +242,15 @@ class TransformerConfig(_Group):
         _check_choice("stacks", self.stacks, STACKS)
         _check_int("num_decoder_layers", self.num_decoder_layers, 1, optional=True)
         _check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        if self.norm_position == "parallel" and self.stacks == "encoder_decoder":
+            _fail(
+                "norm_position",
+                "parallel",
+                f'one of {NORM_POSITIONS[:-1]} with stacks="encoder_decoder" '
+                "(a decoder block with cross-attention runs its sub-layers in turn)",
+            )
+        if self.qk_norm not in QK_NORMS or not isinstance(self.qk_norm, (bool, str)):
+            _fail("qk_norm", self.qk_norm, "True (per head), 'projection' or False")
         _check_choice("norm_type", self.norm_type, NORM_TYPES)
         _check_float("norm_epsilon", self.norm_epsilon, 0.0)
         for name in (
@@ -243,7 +260,6 @@ class TransformerConfig(_Group):
             "gated_feed_forward",
             "use_bias",
             "qkv_bias",
-            "qk_norm",
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",

@@ -25,8 +25,15 @@ from keras_transformers.backend.loading import shares_file
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-# Buffers some checkpoints carry that are not weights.
-IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+# Buffers some checkpoints carry that are not weights (GPT-2's and
+# GPT-NeoX's causal masks, rotary frequencies).
+IGNORED_SUFFIXES = (
+    ".attn.bias",
+    ".attn.masked_bias",
+    ".attention.bias",
+    ".attention.masked_bias",
+    "rotary_emb.inv_freq",
+)
 DTYPES = {
     "F64": np.float64,
     "F32": np.float32,

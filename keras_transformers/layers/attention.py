@@ -46,8 +46,10 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias: biases on the projections. Defaults to True.
         qkv_bias: biases on the query, key and value projections (not the
             output); None (default) follows `use_bias`.
-        qk_norm: RMS-normalise each query and key head over its H features
-            (learned scales `[H]`) before rotary positions, as Qwen3.
+        qk_norm: RMS-normalise queries and keys before rotary positions:
+            True: each head over its H features (learned scales `[H]`, as
+            Qwen3); "projection": all heads' features together (scales
+            `[N * H]` and `[K * H]`, as OLMo 2); False: none.
         norm_epsilon: epsilon of the `qk_norm` norms.
         dropout: dropout rate on attention probabilities.
         causal: mask future keys (decoder self-attention).
@@ -150,6 +152,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`num_heads` must be a multiple of `num_kv_heads`. "
                 f"Received: num_heads={num_heads}, num_kv_heads={num_kv_heads}"
             )
+        if qk_norm not in (False, True, "projection") or not isinstance(
+            qk_norm, (bool, str)
+        ):
+            raise ValueError(
+                "`qk_norm` must be True (per head), 'projection' or False. "
+                f"Received: qk_norm={qk_norm!r}"
+            )
         store_arguments(self, locals(), skip=("kernel_initializer",))
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -194,13 +203,16 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self.output_dense.build((None, None, self.num_heads, self.head_dim))
         self.query_norm = self.key_norm = None
-        if self.qk_norm:  # [H] scales shared by the heads
-            for name in ("query_norm", "key_norm"):
-                norm = RMSNormalization(
-                    epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name
-                )
+        heads = {"query_norm": self.num_heads, "key_norm": self.num_kv_heads}
+        for name in heads if self.qk_norm else ():
+            norm = RMSNormalization(
+                epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name
+            )
+            if self.qk_norm == "projection":  # [N * H] / [K * H] scales
+                norm.build((None, None, heads[name] * self.head_dim))
+            else:  # [H] scales shared by the heads
                 norm.build((None, None, None, self.head_dim))
-                setattr(self, name, norm)
+            setattr(self, name, norm)
         self.built = True
 
     def init_cache(self, batch_size, max_length, dtype):
@@ -229,10 +241,16 @@ class MultiHeadAttention(keras.layers.Layer):
         key = self._normed(self.key_norm, self.key_dense(key_value))
         return key, self.value_dense(key_value)
 
-    @staticmethod
-    def _normed(norm, heads):
-        """`heads` `[B, T, N|K, H]` through the `qk_norm` norm, if any."""
-        return heads if norm is None else call_layer(norm, heads)
+    def _normed(self, norm, heads):
+        """`heads` `[B, T, N|K, H]` through the `qk_norm` norm, if any (over
+        `[B, T, N|K * H]` with `qk_norm="projection"`)."""
+        if norm is None:
+            return heads
+        if self.qk_norm != "projection":
+            return call_layer(norm, heads)
+        shape = ops.shape(heads)
+        flat = ops.reshape(heads, (shape[0], shape[1], -1))  # [B, T, N|K * H]
+        return ops.reshape(call_layer(norm, flat), shape)
 
     # ----------------------------------------------------------------- call
     def call(

@@ -16,6 +16,7 @@ from keras_transformers.layers.serializable import (
 )
 from keras_transformers.memory import rematerialized
 
+NORM_POSITIONS = ("pre", "post", "sandwich", "output", "parallel")
 # Arguments with their own serialisation (sub-layers, an initializer).
 _OWN_SERIALISATION = ("token_mixer", "feed_forward", "kernel_initializer")
 
@@ -26,8 +27,11 @@ class TransformerBlock(keras.layers.Layer):
 
     Pre-norm:  `x = x + drop(f(norm(x)))`;  post-norm: `x = norm(x + drop(f(x)))`;
     sandwich: `x = x + drop(norm'(f(norm(x))))` (Gemma 2 and 3: a second norm,
-    `{part}_post_norm`, on each sub-layer's output) for each sub-layer f.
-    The placement of the norms is the only branch. With
+    `{part}_post_norm`, on each sub-layer's output); output:
+    `x = x + drop(norm(f(x)))` (OLMo 2) for each sub-layer f in turn;
+    parallel: `x = x + drop(attn(norm(x))) + drop(ff(norm'(x)))` (GPT-NeoX:
+    both read the block's input). The placement of the norms is the only
+    branch. With
     `layer_scale`, f's output is first multiplied by a learned per-channel
     scale (LayerScale, as DINOv2).
 
@@ -36,14 +40,16 @@ class TransformerBlock(keras.layers.Layer):
         intermediate_dim: F, feed-forward hidden size.
         num_kv_heads: K, key/value heads (GQA). Defaults to N.
         head_dim: H. Defaults to D // N.
-        norm_position: "pre", "post" or "sandwich".
+        norm_position: "pre", "post", "sandwich", "output" or "parallel"
+            (not with `cross_attention`).
         norm_type: "layer" or "rms".
         norm_epsilon: epsilon of the norms.
         activation: feed-forward activation name.
         gated: gated (GLU) feed-forward.
         use_bias: biases in attention and feed-forward projections.
         qkv_bias: query / key / value biases; None follows `use_bias`.
-        qk_norm: RMS-normalise query and key heads (see `MultiHeadAttention`).
+        qk_norm: RMS-normalise queries and keys: True per head,
+            "projection" over all heads (see `MultiHeadAttention`).
         layer_scale: LayerScale: a learned `[D]` scale per sub-layer
             (`self_attention_scale`, `cross_attention_scale`,
             `feed_forward_scale`) on its output, initialised to this value;
@@ -126,10 +132,17 @@ class TransformerBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if norm_position not in ("pre", "post", "sandwich"):
+        if norm_position not in NORM_POSITIONS:
             raise ValueError(
-                "`norm_position` must be 'pre', 'post' or 'sandwich'. Received: "
-                f"{norm_position!r}"
+                f"`norm_position` must be one of {NORM_POSITIONS}. Received: "
+                f"norm_position={norm_position!r}"
+            )
+        if norm_position == "parallel" and cross_attention:
+            raise ValueError(
+                "`norm_position='parallel'` runs self-attention and the "
+                "feed-forward side by side, which leaves no place for "
+                "cross-attention: use another norm_position with "
+                "cross_attention=True."
             )
         store_arguments(self, locals(), skip=_OWN_SERIALISATION)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -215,20 +228,30 @@ class TransformerBlock(keras.layers.Layer):
             setattr(self, part + "_scale", scale)
         self.built = True
 
-    def _residual(self, x, part, sublayer, training):
-        """Residual sub-layer `part` ("self_attention", "cross_attention" or
-        "feed_forward"); the norm placement is the only branch."""
-        norm, scale = getattr(self, part + "_norm"), getattr(self, part + "_scale")
-        post = getattr(self, part + "_post_norm")
-        if post is not None:
-            inner = sublayer
-            sublayer = lambda h: call_layer(post, inner(h))  # noqa: E731
+    def _branch(self, x, part, sublayer, training):
+        """What sub-layer `part` ("self_attention", "cross_attention" or
+        "feed_forward") adds to the residual stream `x` `[B, T, D]`: the
+        sub-layer on `x`, normed before and/or after as `norm_position`
+        says ("post": neither, see `_residual`), scaled (LayerScale),
+        dropped out."""
+        norm = getattr(self, part + "_norm")
+        before, after = norm, getattr(self, part + "_post_norm")
+        if self.norm_position in ("post", "output"):
+            before, after = None, (norm if self.norm_position == "output" else None)
+        h = sublayer(x if before is None else call_layer(before, x))
+        if after is not None:
+            h = call_layer(after, h)
+        scale = getattr(self, part + "_scale")
         if scale is not None:
-            unscaled = sublayer
-            sublayer = lambda h: unscaled(h) * ops.cast(scale, x.dtype)  # noqa: E731
+            h = h * ops.cast(scale, x.dtype)
+        return self._dropout(h, training)
+
+    def _residual(self, x, part, sublayer, training):
+        """`x` after residual sub-layer `part` (see `_branch`)."""
+        x = x + self._branch(x, part, sublayer, training)
         if self.norm_position == "post":
-            return call_layer(norm, x + self._dropout(sublayer(x), training))
-        return x + self._dropout(sublayer(call_layer(norm, x)), training)
+            return call_layer(getattr(self, part + "_norm"), x)
+        return x
 
     def init_cache(self, batch_size, max_length, dtype):
         """The token mixer's zero cache for decoding up to `max_length`
@@ -266,7 +289,7 @@ class TransformerBlock(keras.layers.Layer):
         memory_mask=None,
     ):
         new_cache = []
-        if memory is not None and self.norm_position != "post":
+        if memory is not None and self.norm_position not in ("post", "output"):
             memory = call_layer(self.self_attention_norm, memory)
 
         def attend(h):
@@ -286,6 +309,17 @@ class TransformerBlock(keras.layers.Layer):
             new_cache.append(out[1])
             return out[0]
 
+        ff_kwargs = {"training": training}
+        if getattr(self.feed_forward, "accepts_padding_mask", False):
+            ff_kwargs["padding_mask"] = padding_mask
+
+        def feed_forward(h):
+            return call_layer(self.feed_forward, h, **ff_kwargs)
+
+        if self.norm_position == "parallel":  # both sub-layers read x
+            attended = self._branch(x, "self_attention", attend, training)
+            x = x + attended + self._branch(x, "feed_forward", feed_forward, training)
+            return x if cache is None else (x, new_cache[0])
         x = self._residual(x, "self_attention", attend, training)
         if self.cross_attention:
 
@@ -301,15 +335,7 @@ class TransformerBlock(keras.layers.Layer):
                 return out if cross_cache is None else out[0]
 
             x = self._residual(x, "cross_attention", cross, training)
-        ff_kwargs = {"training": training}
-        if getattr(self.feed_forward, "accepts_padding_mask", False):
-            ff_kwargs["padding_mask"] = padding_mask
-        x = self._residual(
-            x,
-            "feed_forward",
-            lambda h: call_layer(self.feed_forward, h, **ff_kwargs),
-            training,
-        )
+        x = self._residual(x, "feed_forward", feed_forward, training)
         return x if cache is None else (x, new_cache[0])
 
     def compute_output_shape(self, x_shape, *args, **kwargs):

@@ -31,8 +31,9 @@ class BlockSpec:
 
     Attributes:
         index: the block's position in its stack (0-based).
-        layer_type: "full_attention" or "sliding_attention" (decoders; an
-            encoder's blocks are "full_attention").
+        layer_type: "full_attention", "sliding_attention" or
+            "no_rope_attention" (decoders; an encoder's blocks are
+            "full_attention").
         block: the `TransformerBlock` keyword arguments (read-only).
         moe: whether the feed-forward is the config's `SparseMoE`.
     """
