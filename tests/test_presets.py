@@ -42,6 +42,17 @@ PUBLISHED = {
     "gemma3_270m": (268_098_176, 1e-12),
     "gemma3_1b": (999_885_952, 1e-12),
     "gemma3_4b": (3_880_263_168, 1e-12),
+    # Exact: transformers' GPTNeoXForCausalLM built from the published
+    # config.json under torch.device("meta"), numel summed.
+    "pythia_160m": (162_322_944, 1e-12),
+    "pythia_410m": (405_334_016, 1e-12),
+    # Exact: transformers' Olmo2ForCausalLM built from the published
+    # config.json under torch.device("meta"), numel summed.
+    "olmo2_1b": (1_484_916_736, 1e-12),
+    "olmo2_7b": (7_298_617_344, 1e-12),
+    # Exact: transformers' SmolLM3ForCausalLM built from the published
+    # config.json under torch.device("meta"), numel summed (tied head once).
+    "smollm3_3b": (3_075_098_624, 1e-12),
     # BART: transformers' BartForConditionalGeneration parameter count (built
     # on the meta device, shared embedding once) less the 2 offset rows of
     # each position table, plus final_logits_bias (a buffer there).
