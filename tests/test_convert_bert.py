@@ -258,9 +258,9 @@ def test_export_round_trip(tmp_path, kind, fields):
         (dict(num_hidden_layers=3), "encoder.layer.2"),
         (dict(type_vocab_size=3), "token_type_embeddings"),
         (
-            dict(model_type="electra"),
-            "\\['bert', 'camembert', 'deberta-v2', 'distilbert', 'roberta', "
-            "'xlm-roberta'\\] \\(bert\\)",
+            dict(model_type="funnel"),
+            "\\['albert', 'bert', 'camembert', 'deberta-v2', 'distilbert', "
+            "'electra', 'roberta', 'xlm-roberta'\\] \\(bert\\)",
         ),
         (dict(model_type="roberta"), "not look like a roberta checkpoint"),
     ],

@@ -78,6 +78,13 @@ PUBLISHED = {
     # XLMRobertaModel less the 2 offset rows of the position table.
     "distilbert_base": (66_362_880, 1e-12),
     "xlm_roberta_base": (278_043_648 - 2 * 768, 1e-12),
+    # Exact: transformers' ElectraModel (no pooler) and AlbertModel (with
+    # its pooler) built from the published config.json under
+    # torch.device("meta"), numel summed (ALBERT's shared block once).
+    "electra_small_discriminator": (13_483_008, 1e-12),
+    "electra_base_discriminator": (108_891_648, 1e-12),
+    "albert_base_v2": (11_683_584, 1e-12),
+    "albert_large_v2": (17_683_968, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {

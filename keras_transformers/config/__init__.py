@@ -39,6 +39,8 @@ Glossary (ours -> paper / Hugging Face):
 ``pooler_activation``   pooler_hidden_act (DeBERTa's ContextPooler)
 ``scale_logits``        scale_decoder_outputs (T5 v1.0: d_model**-0.5, tied head)
 ``num_segments``        type_vocab_size (BERT)
+``embedding_dim``       embedding_size (ALBERT, ELECTRA: factorised embeddings)
+``num_layer_groups``    num_hidden_groups (ALBERT: blocks shared across depth)
 ``tie_embeddings``      tie_word_embeddings
 ``separate_decoder_positions`` BART's own decoder.embed_positions table
 ``moe.num_experts``     num_local_experts (Mixtral) / num_experts (Qwen-MoE)

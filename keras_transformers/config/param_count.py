@@ -10,18 +10,21 @@ def count_params(config, active: bool) -> int:
     d = config.hidden_dim
     norm = d if config.norm_type == "rms" else 2 * d
     total = 0
-    # Embeddings.
+    # Embeddings (`embedding_dim` wide, then projected to `hidden_dim`).
+    e = config.embedding_dim or d
+    if config.embedding_dim is not None:
+        total += e * d + d
     if config.vision is not None:
         v = config.vision
         total += v.patch_size**2 * v.num_channels * d + d
         tokens = v.num_patches + v.num_prefix_tokens  # position table rows
         total += tokens * d + v.num_prefix_tokens * d  # + the tokens themselves
     else:
-        total += config.vocabulary_size * d
+        total += config.vocabulary_size * e
         if config.position_embedding == "learned":  # the decoder's table too
             tables = 2 if config.separate_decoder_positions else 1
-            total += tables * config.max_sequence_length * d
-    total += config.num_segments * d
+            total += tables * config.max_sequence_length * e
+    total += config.num_segments * e
     if config.position_embedding == "relative":  # a [buckets, N] table per stack
         stacks = 2 if config.stacks == "encoder_decoder" else 1
         total += stacks * config.relative_attention_buckets * config.num_heads
@@ -29,7 +32,7 @@ def count_params(config, active: bool) -> int:
         heads = config.num_heads * config.resolved_head_dim
         total += config.num_layers * (2 * heads + d * heads)
     if config.embedding_norm:  # one per stack
-        total += norm * (2 if config.stacks == "encoder_decoder" else 1)
+        total += norm // d * e * (2 if config.stacks == "encoder_decoder" else 1)
     # Blocks (LayerScale: one `[D]` scale per residual branch; "sandwich"
     # norms: a second norm per branch, on its output).
     scale = d if config.layer_scale is not None else 0
@@ -45,7 +48,8 @@ def count_params(config, active: bool) -> int:
         if config.final_norm:
             total += 2 * norm
     else:
-        for i in range(config.num_layers):
+        groups = config.num_layer_groups or config.num_layers  # distinct blocks
+        for i in range(0, config.num_layers, config.num_layers // groups):
             moe = config.moe_layer(i)
             ffn = _moe_params(config, active) if moe else _ffn_params(config)
             ffn += scale
@@ -58,7 +62,7 @@ def count_params(config, active: bool) -> int:
         total += d * d + d
     # Output head.
     if config.vocabulary_size and not config.tie_embeddings:
-        total += config.vocabulary_size * d
+        total += config.vocabulary_size * e
     if config.logits_bias:
         total += config.vocabulary_size
     return total

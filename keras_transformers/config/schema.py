@@ -159,6 +159,12 @@ class TransformerConfig(_Group):
             positions, relative ones in every self-attention); None there
             means the defaults (DeBERTa-v3's).
         vision: image-patch group (None = token inputs).
+        embedding_dim: encoders: width E of the embeddings and their norm,
+            projected to `hidden_dim` by a dense layer (ALBERT, ELECTRA's
+            `embedding_size`; masked-LM heads work in E); None = no projection.
+        num_layer_groups: encoders: G distinct blocks, each run by
+            `num_layers // G` consecutive layers (ALBERT's shared weights);
+            None = every layer its own.
     """
 
     vocabulary_size: int
@@ -217,6 +223,8 @@ class TransformerConfig(_Group):
     moe: MoEConfig | None = field(default=None)
     vision: VisionConfig | None = field(default=None)
     disentangled: DisentangledConfig | None = field(default=None)
+    embedding_dim: int | None = None
+    num_layer_groups: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("vocabulary_size", self.vocabulary_size, 0 if self.vision else 1)

@@ -100,6 +100,46 @@ def _check_attention_knobs(config) -> None:
     if config.attention_scale is not None:
         _check_float("attention_scale", config.attention_scale, 1e-12)
     _check_memory_knobs(config)
+    _check_encoder_knobs(config)
+    _check_patch_rotary(config)
+
+
+def _check_patch_rotary(config) -> None:
+    """2-D rotary patch positions (`vision` with "rotary"): a quarter of
+    each head per axis, no 1-D rotary options."""
+    if config.vision is None or not config.rotary:
+        return
+    if config.resolved_head_dim % 4:
+        _fail(
+            "head_dim",
+            config.resolved_head_dim,
+            "a multiple of 4 with 2-D rotary patch positions",
+        )
+    if config.rope_scaling is not None or config.rotary_fraction != 1.0:
+        _fail(
+            "rope_scaling / rotary_fraction",
+            (config.rope_scaling, config.rotary_fraction),
+            "None / 1.0 with 2-D rotary patch positions (vision)",
+        )
+
+
+def _check_encoder_knobs(config) -> None:
+    """Factorised embeddings and shared blocks: encoders with token inputs
+    only, and the layer groups divide the layers."""
+    _check_int("embedding_dim", config.embedding_dim, 1, optional=True)
+    _check_int("num_layer_groups", config.num_layer_groups, 1, optional=True)
+    for name in ("embedding_dim", "num_layer_groups"):
+        value = getattr(config, name)
+        if value is not None and (config.stacks != "encoder" or config.vision):
+            _fail(name, value, 'None unless stacks="encoder" with token inputs')
+    groups = config.num_layer_groups
+    if groups is not None and config.num_layers % groups:
+        _fail(
+            "num_layer_groups",
+            groups,
+            f"a divisor of num_layers={config.num_layers} (each group runs "
+            "num_layers // num_layer_groups consecutive layers)",
+        )
 
 
 def _check_memory_knobs(config) -> None:

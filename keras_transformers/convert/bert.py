@@ -75,6 +75,8 @@ ENCODER = dict(  # the layout of every BERT checkpoint
     moe=None,
     vision=None,
     pooler_activation="tanh",
+    embedding_dim=None,
+    num_layer_groups=None,
 )
 
 
@@ -166,7 +168,10 @@ def _entries(model, p: str, pooler: bool, head: bool) -> list[tuple]:
         out.append((positions, e + "position_embeddings.weight", None))
     if segments is not None:
         out.append((segments.embeddings, e + "token_type_embeddings.weight", None))
-    for i, block in enumerate(backbone.blocks):
+    if backbone.embedding_projection is not None:  # ELECTRA's name
+        out.append((backbone.embedding_projection, p + "embeddings_project", None))
+    blocks = list({id(b): b for b in backbone.blocks}.values())  # shared: once
+    for i, block in enumerate(blocks):
         out += [(x, f"{p}encoder.layer.{i}.{n}", s) for x, n, s in _block(block)]
     if pooler and backbone.pooler is not None:
         out.append((backbone.pooler, p + "pooler.dense", None))
@@ -232,17 +237,19 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
         )
 
 
-def hf_config(config) -> dict:
-    """The HF `config.json` dict (without `architectures`) for `config`."""
+def hf_config(config, layout=None, model_type: str = MODEL_TYPE) -> dict:
+    """The HF `config.json` dict (without `architectures`) for `config`;
+    `layout` changes what `ENCODER` requires (a type sharing BERT's fields,
+    `model_type`, e.g. ELECTRA's factorised embeddings)."""
     mha = dict(  # plain multi-head attention, head_dim = hidden_dim / num_heads
         resolved_num_kv_heads=config.num_heads,
         resolved_head_dim=config.hidden_dim // config.num_heads,
     )
-    check_exportable(config, {**ENCODER, **mha}, MODEL_TYPE)
+    check_exportable(config, {**ENCODER, **mha, **(layout or {})}, model_type)
     activation = dict(gelu="gelu", gelu_approximate="gelu_new")
     return {
         **{k: getattr(config, ours) for k, (ours, _) in FIELDS.items()},
-        "model_type": MODEL_TYPE,
+        "model_type": model_type,
         "type_vocab_size": max(config.num_segments, 1),  # 0: one all-zero row
         "hidden_act": activation.get(config.activation, config.activation),
         "position_embedding_type": "absolute",
@@ -252,10 +259,10 @@ def hf_config(config) -> dict:
     }
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
+def export(model, model_type=MODEL_TYPE, layout=None) -> tuple[dict, dict]:
     """`(config.json dict, tensors)` of a BERT-family model as its HF class
     (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification` or
-    `BertForTokenClassification`).
+    `BertForTokenClassification`); `layout` and `model_type` as `hf_config`'s.
 
     Raises:
         ValueError: an unknown class, a `BertClassifier` without pooler, or
@@ -269,7 +276,8 @@ def export(model) -> tuple[dict, dict[str, np.ndarray]]:
             "BertForSequenceClassification classifies the pooler output, but this "
             "BertClassifier has no pooler (config.pooler=False)."
         )
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURES[cls]]}
+    hf = hf_config(backbone.config, layout, model_type)
+    hf["architectures"] = [ARCHITECTURES[cls]]
     out = export_tensors(model)
     if cls in CLASSIFIERS:
         labels = {i: f"LABEL_{i}" for i in range(model.num_classes)}
@@ -292,7 +300,7 @@ def export_tensors(model) -> dict[str, np.ndarray]:
     if MLM + "decoder.bias" in out:  # untied: HF keeps an unused copy too
         out[MLM + "bias"] = out[MLM + "decoder.bias"]
     if backbone.segment_embedding is None:  # one all-zero token type
-        width = backbone.config.hidden_dim
+        width = backbone.token_embedding.output_dim
         out[p + "embeddings.token_type_embeddings.weight"] = np.zeros((1, width))
     return out
 

@@ -23,6 +23,9 @@ class MaskedLMHead(keras.layers.Layer):
         norm_type: "layer" or "rms".
         norm_epsilon: epsilon of the norm.
         kernel_initializer: initializer of the transform kernel.
+        embedding_dim: the transform's output width E, the token
+            embedding's (factorised embeddings: ALBERT, ELECTRA's
+            generator); None = the hidden width D.
 
     Call arguments:
         hidden: `[B, T, D]` final hidden states.
@@ -32,6 +35,14 @@ class MaskedLMHead(keras.layers.Layer):
 
     Returns:
         `[B, P, V]` logits.
+
+    Example:
+        >>> head = MaskedLMHead(100, embedding_dim=8)
+        >>> embedding = keras_transformers.layers.TokenEmbedding(100, 8)
+        >>> embedding.build((None, None))
+        >>> hidden, positions = keras.ops.ones((2, 5, 16)), np.zeros((2, 3), "int32")
+        >>> tuple(head(hidden, positions, token_embedding=embedding).shape)
+        (2, 3, 100)
     """
 
     def __init__(
@@ -41,6 +52,7 @@ class MaskedLMHead(keras.layers.Layer):
         norm_type="layer",
         norm_epsilon=1e-12,
         kernel_initializer="glorot_uniform",
+        embedding_dim=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -49,16 +61,17 @@ class MaskedLMHead(keras.layers.Layer):
         self.norm_type = norm_type
         self.norm_epsilon = norm_epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.embedding_dim = embedding_dim
 
     def build(self, hidden_shape, mask_positions_shape=None):
-        dim = hidden_shape[-1]
+        dim = self.embedding_dim or hidden_shape[-1]
         self.transform = Dense(
             dim,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
             name="transform",
         )
-        self.transform.build((None, None, dim))
+        self.transform.build((None, None, hidden_shape[-1]))
         self.norm = make_norm(
             self.norm_type, self.norm_epsilon, self.dtype_policy, "norm"
         )
@@ -72,6 +85,7 @@ class MaskedLMHead(keras.layers.Layer):
         positions = ops.cast(mask_positions, "int32")[:, :, None]  # [B, P, 1]
         positions = ops.repeat(positions, hidden.shape[-1], axis=-1)  # [B, P, D]
         gathered = ops.take_along_axis(hidden, positions, axis=1)  # [B, P, D]
+        # [B, P, E]
         h = self.norm(activation_fn(self.activation)(self.transform(gathered)))
         logits = token_embedding(h, reverse=True)  # [B, P, V]
         return logits + ops.cast(self.bias, logits.dtype)
@@ -84,5 +98,6 @@ class MaskedLMHead(keras.layers.Layer):
             norm_type=self.norm_type,
             norm_epsilon=self.norm_epsilon,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            embedding_dim=self.embedding_dim,
         )
         return config

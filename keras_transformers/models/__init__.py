@@ -10,6 +10,7 @@ from keras_transformers.models.bert import (
     BertClassifier,
     BertMaskedLM,
     BertTokenClassifier,
+    ElectraDiscriminator,
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
@@ -23,6 +24,7 @@ __all__ = [
     "BertMaskedLM",
     "BertTokenClassifier",
     "CausalLM",
+    "ElectraDiscriminator",
     "GPTBackbone",
     "GPTCausalLM",
     "MixtralBackbone",

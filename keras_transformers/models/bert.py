@@ -5,6 +5,7 @@ masked-LM / classification heads."""
 from __future__ import annotations
 
 import numpy as np
+from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.layers.core import Dense
@@ -117,7 +118,9 @@ class BertBackbone(TextBackbone):
 @register_model("masked_lm", default=True)
 @serializable
 class BertMaskedLM(TaskModel):
-    """BERT with its masked-LM head (tied to the token embedding).
+    """BERT with its masked-LM head (tied to the token embedding; with
+    factorised embeddings, `embedding_dim`, the head's transform projects to
+    that width first, as ALBERT's and ELECTRA's generator's do).
 
     Call arguments:
         inputs: the backbone's inputs plus `mask_positions` `[B, P]`, the
@@ -138,6 +141,7 @@ class BertMaskedLM(TaskModel):
             norm_type=c.norm_type,
             norm_epsilon=c.norm_epsilon,
             kernel_initializer=initializer(c),
+            embedding_dim=c.embedding_dim,
             dtype=self.dtype_policy,
             name="masked_lm_head",
         )
@@ -238,3 +242,51 @@ class BertTokenClassifier(_Classifier):
         return self._head(
             self.backbone(inputs, training=training)["sequence_output"], training
         )
+
+
+@register_model("discriminator")
+@serializable
+class ElectraDiscriminator(TaskModel):
+    """ELECTRA's replaced-token detection (Hugging Face's
+    `ElectraForPreTraining`): a dense layer with the config's activation and
+    a one-unit projection score every token of any `BertBackbone`.
+
+    Call arguments:
+        inputs: the backbone's inputs.
+
+    Returns:
+        `[B, T]` logits, positive where the token is predicted to be
+        replaced. Train with `keras.losses.BinaryCrossentropy(from_logits=True)`
+        and `sample_weight=padding_mask`.
+
+    Example:
+        >>> model = ElectraDiscriminator.from_preset("bert_tiny", num_layers=1)
+        >>> tuple(model({"token_ids": np.ones((1, 8), "int32")}).shape)
+        (1, 8)
+    """
+
+    backbone_cls = BertBackbone
+
+    def __init__(self, backbone=None, **kwargs):
+        super().__init__(backbone, **kwargs)
+        c = self.config
+        self.discriminator_dense = Dense(
+            c.hidden_dim,
+            activation=activation_fn(c.activation),
+            kernel_initializer=initializer(c),
+            dtype=self.dtype_policy,
+            name="discriminator_dense",
+        )
+        self.discriminator_dense.build((None, None, c.hidden_dim))
+        self.discriminator_prediction = Dense(
+            1,
+            kernel_initializer=initializer(c),
+            dtype=self.dtype_policy,
+            name="discriminator_prediction",
+        )
+        self.discriminator_prediction.build((None, None, c.hidden_dim))
+
+    def call(self, inputs, training=None):
+        hidden = self.backbone(inputs, training=training)["sequence_output"]
+        scores = self.discriminator_prediction(self.discriminator_dense(hidden))
+        return ops.squeeze(scores, -1)  # [B, T, 1] -> [B, T]

@@ -132,13 +132,18 @@ def make_blocks(
     cross_attention: bool = False,
 ) -> list:
     """`num` built `TransformerBlock`s named `{prefix}_{i}`, block `i` as
-    `block_spec(config, i, causal, cross_attention)` says."""
-    return [
-        block_spec(config, i, causal, cross_attention).build(
-            config, f"{prefix}_{i}", dtype
+    `block_spec(config, i, causal, cross_attention)` says. With
+    `num_layer_groups` (a stack of `num_layers`), the list holds each of
+    the G distinct blocks `num // G` times in a row (one set of weights per
+    group)."""
+    groups = config.num_layer_groups or num  # only encoders share
+    distinct = [
+        block_spec(config, g * num // groups, causal, cross_attention).build(
+            config, f"{prefix}_{g}", dtype
         )
-        for i in range(num)
+        for g in range(groups)
     ]
+    return [distinct[i * groups // num] for i in range(num)]
 
 
 __all__ = ["BlockSpec", "block_spec", "initializer", "make_blocks", "moe_feed_forward"]

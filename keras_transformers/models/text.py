@@ -16,7 +16,7 @@ from keras_transformers.layers import (
     TokenEmbedding,
     make_norm,
 )
-from keras_transformers.layers.core import seeded_dropout
+from keras_transformers.layers.core import Dense, seeded_dropout
 from keras_transformers.models.base import (
     ConfiguredModel,
     initializer,
@@ -61,7 +61,8 @@ class TextBackbone(ConfiguredModel):
         """Hook for layers beyond the shared ones (e.g. BERT's pooler)."""
 
     def _build_embeddings(self):
-        c, d, dtype = self.config, self.config.hidden_dim, self.dtype_policy
+        c, dtype = self.config, self.dtype_policy
+        d = c.embedding_dim or c.hidden_dim  # factorised embeddings: narrower
         self.token_embedding = TokenEmbedding(
             c.vocabulary_size,
             d,
@@ -109,6 +110,15 @@ class TextBackbone(ConfiguredModel):
             )
             self.embedding_norm.build((None, None, d))
         self.embedding_dropout = seeded_dropout(c.dropout, dtype=dtype)
+        self.embedding_projection = None  # `embedding_dim` -> `hidden_dim`
+        if c.embedding_dim is not None:
+            self.embedding_projection = Dense(
+                c.hidden_dim,
+                kernel_initializer=initializer(c),
+                dtype=dtype,
+                name="embedding_projection",
+            )
+            self.embedding_projection.build((None, None, d))
 
     def embed(
         self,
@@ -119,7 +129,8 @@ class TextBackbone(ConfiguredModel):
         norm=None,
         positions=None,
     ):
-        """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states.
+        """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states (embedded
+        `embedding_dim` wide, then projected, with factorised embeddings).
         `norm` replaces `embedding_norm` (the seq2seq decoder has its own),
         `positions` replaces `position_embedding` (a seq2seq decoder's own
         table, `separate_decoder_positions`)."""
@@ -136,6 +147,8 @@ class TextBackbone(ConfiguredModel):
             x = call_layer(norm, x)
         if training and self.config.dropout > 0:
             x = self.embedding_dropout(x, training=training)
+        if self.embedding_projection is not None:  # [B, T, E] -> [B, T, D]
+            x = self.embedding_projection(x)
         return x
 
     def logits(self, hidden):
