@@ -93,10 +93,11 @@ def _inputs(kind):
     return inputs
 
 
-def _compare(model, path, inputs, case):
-    """Our outputs of `model` against those of the `transformers` model
-    saved in `path` (its class from `architectures`), on `inputs`; a
-    backbone's pooled output too when both have a pooler."""
+def _compare(model, path, inputs, case, ours=None):
+    """Our outputs of `model` (`ours`: computed before) against those of the
+    `transformers` model saved in `path` (its class from `architectures`),
+    on `inputs`; a backbone's pooled output too when both have a pooler.
+    Returns ours."""
     architecture = json.loads((path / "config.json").read_text())["architectures"]
     with torch.no_grad():
         out = reference(path, getattr(transformers, architecture[0]))(
@@ -104,7 +105,8 @@ def _compare(model, path, inputs, case):
             attention_mask=torch.tensor(inputs["padding_mask"] * 1),
             token_type_ids=torch.tensor(inputs["segment_ids"]).long(),
         )
-    ours, mask = model(inputs), inputs["padding_mask"]
+    ours = model(inputs) if ours is None else ours
+    result, mask = ours, inputs["padding_mask"]
     if isinstance(ours, dict):  # a backbone
         if model.pooler is not None and out.get("pooler_output") is not None:
             pooled = keras.ops.convert_to_numpy(ours["pooled_output"])
@@ -118,6 +120,7 @@ def _compare(model, path, inputs, case):
     if isinstance(model, BertClassifier):  # [B, C]: per example
         ours, theirs, mask = ours[:, None], theirs[:, None], None
     record(case, ours, theirs, mask)
+    return result
 
 
 @pytest.mark.parametrize("kind, task", list(KINDS))
@@ -130,7 +133,7 @@ def test_outputs_match_and_export_round_trips(hf_dirs, tmp_path, kind, task):
     assert backbone.embedding_projection is not None
     assert len({id(b) for b in backbone.blocks}) == 2  # ALBERT: 4 layers, 2 groups
     inputs = _inputs(task)
-    _compare(model, path, inputs, f"{kind} {task}")
+    ours = _compare(model, path, inputs, f"{kind} {task}")
     if task == "base":  # the same parameters as transformers'
         theirs = sum(
             p.numel() for p in reference(path, transformers.AutoModel).parameters()
@@ -142,7 +145,7 @@ def test_outputs_match_and_export_round_trips(hf_dirs, tmp_path, kind, task):
         kind,
         [EXPORTED.get(name, name)],
     )
-    _compare(model, tmp_path, inputs, f"{kind} {task} export")
+    _compare(model, tmp_path, inputs, f"{kind} {task} export", ours)
     again = keras_transformers.from_preset(tmp_path)
     assert type(again) is cls  # AlbertForMaskedLM: no pooler
     assert again.config == model.config.replace(pooler=again.config.pooler)
@@ -156,11 +159,11 @@ def test_electra_base_layout_has_no_projection(hf_dirs, tmp_path):
     assert model.config.embedding_dim is None
     assert model.backbone.embedding_projection is None
     inputs = _inputs("discriminator")
-    _compare(model, path, inputs, "electra wide discriminator")
+    ours = _compare(model, path, inputs, "electra wide discriminator")
     export_hf(model, tmp_path)  # a GELU pooler's config: ELECTRA, not BERT
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["model_type"], config["embedding_size"]) == ("electra", 32)
-    _compare(model, tmp_path, inputs, "electra wide discriminator export")
+    _compare(model, tmp_path, inputs, "electra wide discriminator export", ours)
 
 
 def test_a_bert_model_exports_as_albert(tmp_path):
