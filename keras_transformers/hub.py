@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -43,8 +44,13 @@ ASSETS = (
     "preprocessor_config.json",
     "metadata.json",
     "labels.json",
+    "modules.json",  # sentence-transformers: the modules, their settings
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
 )
 ASSET_FOLDERS = ("additional_chat_templates/", "tokenizer/")
+# A sentence-transformers module's settings, e.g. `1_Pooling/config.json`.
+MODULE_CONFIG = re.compile(r"\d+_\w+/config\.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
@@ -189,7 +195,11 @@ def _from_cache(handle, repo_id, revision, weights, reason) -> Path:
 
 
 def _is_asset(name: str) -> bool:
-    return name in ASSETS or name.startswith(ASSET_FOLDERS)
+    return (
+        name in ASSETS
+        or name.startswith(ASSET_FOLDERS)
+        or MODULE_CONFIG.fullmatch(name) is not None
+    )
 
 
 def _read_json(path) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keras_transformers import preset_io, registry
+from keras_transformers import preset_io, registry, sentence_embedding
 from keras_transformers.config import TransformerConfig
 
 
@@ -92,6 +92,8 @@ def load_model(
             revision not found, gated, or offline with nothing cached.
     """
     handle = preset_io.resolve(handle, weights=load_weights)
+    # A sentence-transformers directory: its transformer, as a TextEmbedder.
+    handle, cls, overrides = sentence_embedding.redirect(handle, cls, overrides)
     kind = preset_io.kind(handle)
     source = None  # a Hugging Face directory's pieces (`convert.HFSource`)
     if kind == "huggingface":

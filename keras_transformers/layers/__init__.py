@@ -9,6 +9,7 @@ from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.moe import SparseMoE
 from keras_transformers.layers.patches import PatchEmbedding
+from keras_transformers.layers.pooling import TokenPooling
 from keras_transformers.layers.positions import (
     PositionEmbedding,
     RelativePositionBias,
@@ -27,6 +28,7 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "SparseMoE",
+    "TokenPooling",
     "TokenEmbedding",
     "TransformerBlock",
     "attention_mask",

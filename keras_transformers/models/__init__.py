@@ -16,6 +16,7 @@ from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
 from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
+from keras_transformers.models.text_embedder import TextEmbedder
 from keras_transformers.models.vit import ViTBackbone, ViTClassifier
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "MixtralCausalLM",
     "Seq2SeqBackbone",
     "Seq2SeqLM",
+    "TextEmbedder",
     "ViTBackbone",
     "ViTClassifier",
 ]
