@@ -22,6 +22,10 @@ PUBLISHED = {
     # embeddings.mask_token (D), which is not loaded.
     "dinov2_small": (22_056_576 - 384, 1e-9),
     "dinov2_base": (86_580_480 - 768, 1e-9),
+    # transformers' DINOv3ViTModel from the published config.json on the
+    # meta device, less its embeddings.mask_token (D), which is not loaded.
+    "dinov3_vits16": (21_596_544 - 384, 1e-12),
+    "dinov3_vitb16": (85_660_416 - 768, 1e-12),
     "gpt2_small": (124e6, 0.01),
     "gpt2_medium": (355e6, 0.01),
     "gpt2_large": (774e6, 0.01),

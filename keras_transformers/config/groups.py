@@ -95,6 +95,9 @@ class VisionConfig(_Group):
         distillation_token: a second learned token after the class token
             (DeiT's distillation token; its position embedding is the
             table's second row). Needs `class_token`.
+        register_tokens: learned register tokens after the class (and
+            distillation) token, before the patches (DINOv3); pooling
+            leaves them out.
         rescale: input pixels are multiplied by this first (1/255 for a
             model that takes raw 0..255 pixels; 1.0 for prepared inputs).
         mean: per-channel (or one) value subtracted after `rescale`; None = 0.
@@ -110,6 +113,7 @@ class VisionConfig(_Group):
     pooling: str = "token"
     class_token: bool = True
     distillation_token: bool = False
+    register_tokens: int = 0
     rescale: float = 1.0
     mean: tuple | None = None
     std: tuple | None = None
@@ -127,6 +131,7 @@ class VisionConfig(_Group):
         _check_choice("vision.pooling", self.pooling, POOLINGS)
         _check_bool("vision.class_token", self.class_token)
         _check_bool("vision.distillation_token", self.distillation_token)
+        _check_int("vision.register_tokens", self.register_tokens, 0)
         if self.pooling != "mean" and not self.class_token:
             _fail("vision.pooling", self.pooling, "'mean' when class_token=False")
         if self.distillation_token and not self.class_token:
@@ -146,8 +151,11 @@ class VisionConfig(_Group):
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Learned tokens before the patches (class, distillation)."""
-        return int(self.class_token) + int(self.distillation_token)
+        """Learned tokens before the patches (class, distillation,
+        registers)."""
+        return (
+            int(self.class_token) + int(self.distillation_token) + self.register_tokens
+        )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ def count_params(config, active: bool) -> int:
         v = config.vision
         total += v.patch_size**2 * v.num_channels * d + d
         tokens = v.num_patches + v.num_prefix_tokens  # position table rows
+        tokens *= not config.rotary  # no table with 2-D rotary positions
         total += tokens * d + v.num_prefix_tokens * d  # + the tokens themselves
     else:
         total += config.vocabulary_size * e
@@ -76,6 +77,8 @@ def _attention_params(config) -> int:
     biases = (q + 2 * kv + d) if config.use_bias else 0
     if config.qkv_bias and not config.use_bias:
         biases = q + 2 * kv
+    if biases and not config.key_bias:
+        biases -= kv
     qk_norm = {True: 2 * h, "projection": q + kv, False: 0}[config.qk_norm]
     return weights + biases + qk_norm
 

@@ -95,7 +95,9 @@ class TransformerConfig(_Group):
             only: the decoder has its own position table (BART's
             `encoder.embed_positions` and `decoder.embed_positions`) instead
             of reading the encoder's.
-        rope_max_wavelength: rotary base (theta).
+        rope_max_wavelength: rotary base (theta). With `vision`, "rotary"
+            positions are 2-D, on the patch grid (DINOv3; see
+            `keras_transformers.layers.patch_rotary`): no learned table.
         rope_scaling_factor: linear position-interpolation factor for rotary.
         rope_scaling: a Hugging Face rotary scaling for long context (its
             `rope_parameters` without `rope_theta`): `llama3`, `yarn` or
@@ -111,6 +113,8 @@ class TransformerConfig(_Group):
         qkv_bias: biases on the query, key and value projections even when
             `use_bias` is False (Qwen2: `[N * H]` and `[K * H]` biases, none
             on the attention output or the feed-forward).
+        key_bias: False drops the key projection's bias when the others
+            have theirs (DINOv3: query and value biases, no key bias).
         qk_norm: RMSNorms (`norm_epsilon`) on queries and keys before rotary
             positions: True over each head's H features (weights `[H]`,
             Qwen3's `q_norm` / `k_norm`), "projection" over all heads'
@@ -200,6 +204,7 @@ class TransformerConfig(_Group):
     gated_feed_forward: bool = False
     use_bias: bool = True
     qkv_bias: bool = False
+    key_bias: bool = True
     qk_norm: bool | str = False
     layer_scale: float | None = None
     tie_embeddings: bool = True
@@ -268,6 +273,7 @@ class TransformerConfig(_Group):
             "gated_feed_forward",
             "use_bias",
             "qkv_bias",
+            "key_bias",
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",

@@ -46,6 +46,8 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias: biases on the projections. Defaults to True.
         qkv_bias: biases on the query, key and value projections (not the
             output); None (default) follows `use_bias`.
+        key_bias: a bias on the key projection; None (default) follows
+            `qkv_bias` (DINOv3: query and value biases, no key bias).
         qk_norm: RMS-normalise queries and keys before rotary positions:
             True: each head over its H features (learned scales `[H]`, as
             Qwen3); "projection": all heads' features together (scales
@@ -132,6 +134,7 @@ class MultiHeadAttention(keras.layers.Layer):
         qkv_bias=None,
         qk_norm=False,
         norm_epsilon=1e-6,
+        key_bias=None,
         dropout=0.0,
         causal=False,
         sliding_window=None,
@@ -161,6 +164,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         store_arguments(self, locals(), skip=("kernel_initializer",))
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
+        self.key_bias = self.qkv_bias if key_bias is None else key_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.rotary = None
         if rope_max_wavelength is not None:
@@ -174,11 +178,11 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         self.dropout_layer = seeded_dropout(dropout, dtype=self.dtype_policy)
 
-    def _projection(self, name, heads):
+    def _projection(self, name, heads, bias=None):
         return EinsumDense(
             "btd,dnh->btnh",
             output_shape=(None, heads, self.head_dim),
-            bias_axes="nh" if self.qkv_bias else None,
+            bias_axes="nh" if (self.qkv_bias if bias is None else bias) else None,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
             name=name,
@@ -187,7 +191,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def build(self, query_shape, key_value_shape=None):
         key_value_shape = key_value_shape or query_shape
         self.query_dense = self._projection("query", self.num_heads)
-        self.key_dense = self._projection("key", self.num_kv_heads)
+        self.key_dense = self._projection("key", self.num_kv_heads, self.key_bias)
         self.value_dense = self._projection("value", self.num_kv_heads)
         self.query_dense.build(query_shape)
         self.key_dense.build(key_value_shape)

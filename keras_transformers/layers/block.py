@@ -94,6 +94,8 @@ class TransformerBlock(keras.layers.Layer):
             memory, without gradient): self-attention also attends to them
             (normed as `x` is, with pre-norm; see `MultiHeadAttention`).
         memory_mask: `[B, M]`, True where a memory slot is valid.
+        positions: the self-attention's positions, passed on when given
+            (e.g. `PatchRotaryAttention`'s `[P, 2]` patch coordinates).
         training: dropout switch.
 
     Returns:
@@ -287,8 +289,10 @@ class TransformerBlock(keras.layers.Layer):
         training=None,
         memory=None,
         memory_mask=None,
+        positions=None,
     ):
         new_cache = []
+        given = {} if positions is None else {"positions": positions}
         if memory is not None and self.norm_position not in ("post", "output"):
             memory = call_layer(self.self_attention_norm, memory)
 
@@ -303,6 +307,7 @@ class TransformerBlock(keras.layers.Layer):
                 training=training,
                 memory=memory,
                 memory_mask=memory_mask,
+                **given,
             )
             if cache is None:
                 return out

@@ -90,6 +90,9 @@ class PatchEmbedding(keras.layers.Layer):
         class_token: prepend a class token.
         distillation_token: a second learned token after the class token
             (DeiT); needs `class_token`.
+        register_tokens: learned register tokens after those (DINOv3).
+        position_table: learned position embeddings; False for none (the
+            blocks then place the patches, e.g. `PatchRotaryAttention`).
         kernel_initializer: initializer of the projection, class token and
             position embeddings.
 
@@ -114,6 +117,8 @@ class PatchEmbedding(keras.layers.Layer):
         class_token=True,
         kernel_initializer="glorot_uniform",
         distillation_token=False,
+        register_tokens=0,
+        position_table=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -129,6 +134,8 @@ class PatchEmbedding(keras.layers.Layer):
             raise ValueError("`distillation_token=True` needs `class_token=True`.")
         self.class_token = class_token
         self.distillation_token = distillation_token
+        self.register_tokens = int(register_tokens)
+        self.position_table = bool(position_table)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     @property
@@ -138,8 +145,9 @@ class PatchEmbedding(keras.layers.Layer):
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: class token, distillation token."""
-        return int(self.class_token) + int(self.distillation_token)
+        """Tokens before the patches: class, distillation, registers."""
+        tokens = int(self.class_token) + int(self.distillation_token)
+        return tokens + self.register_tokens
 
     def build(self, input_shape=None):
         p, c, d = self.patch_size, self.num_channels, self.hidden_dim
@@ -157,6 +165,16 @@ class PatchEmbedding(keras.layers.Layer):
                 shape=(d,),
                 initializer=self.kernel_initializer,
             )
+        if self.register_tokens:
+            self.register_embeddings = self.add_weight(
+                name="register_tokens",
+                shape=(self.register_tokens, d),
+                initializer=self.kernel_initializer,
+            )
+        self.position_embeddings = None
+        if not self.position_table:
+            self.built = True
+            return
         length = math.prod(self.grid) + self.num_prefix_tokens
         self.position_embeddings = self.add_weight(
             name="position_embeddings",
@@ -177,10 +195,14 @@ class PatchEmbedding(keras.layers.Layer):
         x = ops.matmul(x, kernel) + self.bias if projected is None else projected
         tokens = [self.class_embedding] if self.class_token else []
         tokens += [self.distillation_embedding] if self.distillation_token else []
+        tokens += [self.register_embeddings] if self.register_tokens else []
         if tokens:
-            prefix = ops.concatenate([ops.reshape(t, (1, 1, d)) for t in tokens], 1)
-            prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], len(tokens), d))
+            prefix = ops.concatenate([ops.reshape(t, (1, -1, d)) for t in tokens], 1)
+            count = self.num_prefix_tokens
+            prefix = ops.broadcast_to(prefix, (ops.shape(x)[0], count, d))
             x = ops.concatenate([ops.cast(prefix, x.dtype), x], axis=1)
+        if self.position_embeddings is None:
+            return x
         positions = resize_grid(
             self.position_embeddings, self.grid, (h, w), self.num_prefix_tokens
         )
@@ -204,5 +226,7 @@ class PatchEmbedding(keras.layers.Layer):
             class_token=self.class_token,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             distillation_token=self.distillation_token,
+            register_tokens=self.register_tokens,
+            position_table=self.position_table,
         )
         return config

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from types import MappingProxyType
 
 import keras
 
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.layer_types import layer_settings, layer_type
-from keras_transformers.layers import SparseMoE, TransformerBlock
+from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
+from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
 
 def initializer(config: TransformerConfig):
@@ -49,8 +51,9 @@ class BlockSpec:
         ff = moe_feed_forward(config, dtype) if self.moe else None
         remat = keras.RematScope("list_of_layers", layer_names=[name])
         with remat if config.remat else contextlib.nullcontext():
+            mixer = token_mixer(config, self.block, dtype)
             block = TransformerBlock(
-                **self.block, feed_forward=ff, dtype=dtype, name=name
+                **self.block, token_mixer=mixer, feed_forward=ff, dtype=dtype, name=name
             )
         width = (None, None, config.hidden_dim)
         block.build(width, width)
@@ -97,6 +100,31 @@ def block_spec(
     )
     moe = causal and config.moe_layer(index)
     return BlockSpec(index, kind, MappingProxyType(kwargs), moe)
+
+
+# A block argument -> its self-attention argument (None: the block's own).
+_ATTENTION_ARGUMENT = dict(
+    dropout=None,
+    attention_dropout="dropout",
+    attention_softcap="softcap",
+    attention_sinks="sinks",
+)
+
+
+def token_mixer(config: TransformerConfig, block, dtype):
+    """The self-attention of a block with arguments `block` when the
+    default one does not fit: `PatchRotaryAttention` for 2-D rotary patch
+    positions (`vision` with "rotary"), a `MultiHeadAttention` without key
+    bias for `key_bias=False`; None otherwise."""
+    patch_rotary = config.vision is not None and config.rotary
+    if not patch_rotary and config.key_bias:
+        return None
+    cls = PatchRotaryAttention if patch_rotary else MultiHeadAttention
+    names = inspect.signature(MultiHeadAttention.__init__).parameters
+    kwargs = {_ATTENTION_ARGUMENT.get(k, k): v for k, v in block.items()}
+    kwargs = {k: v for k, v in kwargs.items() if k in names}
+    kwargs["key_bias"] = None if config.key_bias else False  # None: as qkv_bias
+    return cls(**kwargs, dtype=dtype, name="self_attention")
 
 
 def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
@@ -146,4 +174,11 @@ def make_blocks(
     return [distinct[i * groups // num] for i in range(num)]
 
 
-__all__ = ["BlockSpec", "block_spec", "initializer", "make_blocks", "moe_feed_forward"]
+__all__ = [
+    "BlockSpec",
+    "block_spec",
+    "initializer",
+    "make_blocks",
+    "moe_feed_forward",
+    "token_mixer",
+]

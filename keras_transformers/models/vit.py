@@ -11,6 +11,7 @@ from keras_transformers.backend import call_layer
 from keras_transformers.config.validation import check_dtype
 from keras_transformers.layers import PatchEmbedding
 from keras_transformers.layers.core import Dense, seeded_dropout
+from keras_transformers.layers.patch_rotary import patch_coordinates
 from keras_transformers.layers.patches import resize_grid
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
@@ -102,9 +103,12 @@ class ViTBackbone(_Resizable, ConfiguredModel):
     Images are normalised as the config says (`vision.rescale`, `mean`,
     `std`), cut into patches, embedded (`PatchEmbedding`: projection, class
     token, DeiT's distillation token with `vision.distillation_token`,
-    learned positions), run through pre-norm encoder blocks (with
-    LayerScale when the config has `layer_scale`, as DINOv2) and a final
-    norm.
+    `vision.register_tokens` register tokens, learned positions), run
+    through pre-norm encoder blocks (with LayerScale when the config has
+    `layer_scale`, as DINOv2) and a final norm. With
+    `position_embedding="rotary"` there is no position table: the blocks'
+    attention rotates queries and keys of the patches by their 2-D grid
+    coordinates (`PatchRotaryAttention`, DINOv3), for any image size.
 
     Args:
         config: a `TransformerConfig` (or dict) with `stacks="encoder"` and a
@@ -131,10 +135,11 @@ class ViTBackbone(_Resizable, ConfiguredModel):
         if (
             config.stacks != "encoder"
             or config.vision is None
-            or config.position_embedding != "learned"
+            or config.position_embedding not in ("learned", "rotary")
         ):
             raise ValueError(
                 "ViTBackbone needs stacks='encoder', position_embedding='learned' "
+                "(or 'rotary': 2-D rotary patch positions) "
                 f"and a `vision` group. Received: stacks={config.stacks!r}, "
                 f"position_embedding={config.position_embedding!r}, vision={config.vision!r}."
             )
@@ -154,6 +159,8 @@ class ViTBackbone(_Resizable, ConfiguredModel):
             v.num_channels,
             class_token=v.class_token,
             distillation_token=v.distillation_token,
+            register_tokens=v.register_tokens,
+            position_table=not config.rotary,
             kernel_initializer=initializer(config),
             dtype=self.dtype_policy,
             name="patch_embedding",
@@ -190,7 +197,13 @@ class ViTBackbone(_Resizable, ConfiguredModel):
         x = call_layer(self.patch_embedding, ops.cast(images, self.compute_dtype))
         if training and self.config.dropout > 0:
             x = self.embedding_dropout(x, training=training)
-        x = run_blocks(self.blocks, x, None, training=training)
+        positions = {}
+        if self.config.rotary:  # [P, 2] patch centres of this image grid
+            p = vision.patch_size
+            sides = [n or vision.image_size for n in images.shape[1:3]]
+            grid = (sides[0] // p, sides[1] // p)
+            positions["positions"] = patch_coordinates(*grid)
+        x = run_blocks(self.blocks, x, None, training=training, **positions)
         return call_layer(self.final_norm, x) if self.final_norm is not None else x
 
     @property
@@ -311,8 +324,10 @@ def copy_resized_weights(source, target) -> None:
     config but the image size), resizing the position table."""
     old = getattr(source, "backbone", source).patch_embedding
     new = getattr(target, "backbone", target).patch_embedding
-    table = ops.convert_to_numpy(ops.cast(old.position_embeddings, "float32"))
-    resized = resize_grid(table, old.grid, new.grid, old.num_prefix_tokens)
+    resized = None
+    if old.position_embeddings is not None:  # none with 2-D rotary positions
+        table = ops.convert_to_numpy(ops.cast(old.position_embeddings, "float32"))
+        resized = resize_grid(table, old.grid, new.grid, old.num_prefix_tokens)
     for a, b in zip(source.weights, target.weights):
         value = resized if a is old.position_embeddings else a.value
         b.assign(ops.cast(value, b.dtype))
