@@ -57,6 +57,10 @@ PUBLISHED = {
     # Exact: transformers' SmolLM3ForCausalLM built from the published
     # config.json under torch.device("meta"), numel summed (tied head once).
     "smollm3_3b": (3_075_098_624, 1e-12),
+    # Exact: transformers' GptOssForCausalLM built from the published
+    # config.json under torch.device("meta"), numel summed.
+    "gpt_oss_20b": (20_914_757_184, 1e-12),
+    "gpt_oss_120b": (116_829_156_672, 1e-12),
     # BART: transformers' BartForConditionalGeneration parameter count (built
     # on the meta device, shared embedding once) less the 2 offset rows of
     # each position table, plus final_logits_bias (a buffer there).

@@ -108,9 +108,10 @@ def grouped_matmul(x, kernels, group_sizes):
     raise NotImplementedError(f"No grouped matmul on {backend}; use the block layout.")
 
 
-def route_top_k(tokens, router_kernel, k, normalize):
+def route_top_k(tokens, router_kernel, k, normalize, router_bias=None):
     """Top-k routing in float32: `logits = tokens [N, D] @ router_kernel
-    [D, E]`, `probs = softmax(logits)`, the k largest probabilities
+    [D, E]` (`+ router_bias [E]` if given), `probs = softmax(logits)`, the
+    k largest probabilities
     (renormalised to sum to one when `normalize`) and their experts.
     Returns `(logits, probs, expert_ids [N, k], weights [N, k])`; PyTorch
     with its own ops (see `expert_groups`)."""
@@ -119,6 +120,8 @@ def route_top_k(tokens, router_kernel, k, normalize):
         logits = ops.matmul(
             ops.cast(tokens, "float32"), ops.cast(router_kernel, "float32")
         )
+        if router_bias is not None:
+            logits = logits + ops.cast(router_bias, "float32")
         probs = ops.softmax(logits, axis=-1)
         weights, expert_ids = ops.top_k(probs, k)
         if normalize:
@@ -128,6 +131,8 @@ def route_top_k(tokens, router_kernel, k, normalize):
 
     x, kernel = _torch_tensor(tokens), _torch_tensor(router_kernel)
     logits = x.float() @ kernel.float()
+    if router_bias is not None:
+        logits = logits + _torch_tensor(router_bias).float()
     probs = torch.softmax(logits, dim=-1)
     weights, expert_ids = torch.topk(probs, k, dim=-1)
     if normalize:

@@ -39,6 +39,12 @@ class MoEConfig(_Group):
         num_shared_experts: always-on experts added to the routed ones.
         shared_expert_intermediate_dim: each shared expert's width; None = F.
         shared_expert_gate: shared output times `sigmoid(x @ w)`, `w [D, 1]`.
+        router_bias: a learned `[E]` bias on the router logits (gpt-oss).
+        expert_bias: learned biases on the experts' projections, `[E, 2F]`
+            (or `[E, F]`) and `[E, D]` (gpt-oss).
+        glu_limit: clamped GLU (gpt-oss): the experts compute
+            `act(min(gate, L)) * (clip(up, -L, L) + 1)` with `L = glu_limit`
+            (gated experts only); None: `act(gate) * up`.
     """
 
     num_experts: int = 8
@@ -54,6 +60,9 @@ class MoEConfig(_Group):
     num_shared_experts: int = 0
     shared_expert_intermediate_dim: int | None = None
     shared_expert_gate: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    glu_limit: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("moe.num_experts", self.num_experts, 1)
@@ -76,6 +85,10 @@ class MoEConfig(_Group):
         _check_bool("moe.shared_expert_gate", gate)
         if not self.num_shared_experts and (dim or gate):  # Qwen2-MoE: 1 gated
             _fail("moe.num_shared_experts", 0, ">= 1 with shared_expert_* set")
+        _check_bool("moe.router_bias", self.router_bias)
+        _check_bool("moe.expert_bias", self.expert_bias)
+        if self.glu_limit is not None:
+            _check_float("moe.glu_limit", self.glu_limit, 1e-9)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ def _attention_params(config) -> int:
     if biases and not config.key_bias:
         biases -= kv
     qk_norm = {True: 2 * h, "projection": q + kv, False: 0}[config.qk_norm]
-    return weights + biases + qk_norm
+    sinks = config.num_heads if config.attention_sinks else 0
+    return weights + biases + qk_norm + sinks
 
 
 def _disentangled_params(config, norm: int) -> int:
@@ -105,17 +106,22 @@ def _ffn_params(config, intermediate: int | None = None) -> int:
 def _moe_params(config, active: bool) -> int:
     """Router, routed experts (all, or the top-k when `active`) and the
     always-on shared experts (each of `shared_expert_intermediate_dim`, plus
-    a `[D, 1]` gate with `shared_expert_gate`); no biases."""
+    a `[D, 1]` gate with `shared_expert_gate`); the router's `[E]` bias and
+    each expert's `[2F]` (or `[F]`) and `[D]` biases when the `moe` group
+    asks for them."""
     moe, d = config.moe, config.hidden_dim
     f = moe.expert_intermediate_dim or config.intermediate_dim
     per_unit = (3 if config.gated_feed_forward else 2) * d  # per hidden unit
+    expert = per_unit * f
+    if moe.expert_bias:  # [2F] (or [F]) and [D]
+        expert += (2 if config.gated_feed_forward else 1) * f + d
     experts = moe.num_experts_per_token if active else moe.num_experts
-    router = d * moe.num_experts
+    router = (d + int(moe.router_bias)) * moe.num_experts
     shared = (
         moe.num_shared_experts * per_unit * (moe.shared_expert_intermediate_dim or f)
     )
     gate = d if moe.shared_expert_gate else 0
-    return router + experts * per_unit * f + shared + gate
+    return router + experts * expert + shared + gate
 
 
 def classifier_params(config, num_classes: int, distillation_head=False) -> int:

@@ -40,7 +40,7 @@ POSITION_EMBEDDINGS = (
     "transformer_xl",
     "none",
 )
-ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
+ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu", "quick_gelu")
 POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 
 
@@ -107,7 +107,8 @@ class TransformerConfig(_Group):
             (its first `int(head_dim * rotary_fraction)` features; GPT-NeoX's
             rotary_pct, Phi's partial_rotary_factor); 1.0: all.
         activation: feed-forward activation: "gelu", "gelu_approximate"
-            (tanh form, GPT-2's gelu_new), "relu" or "silu".
+            (tanh form, GPT-2's gelu_new), "relu", "silu" or "quick_gelu"
+            (`x * sigmoid(1.702 x)`).
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
         use_bias: biases in attention and feed-forward projections.
         qkv_bias: biases on the query, key and value projections even when
@@ -147,6 +148,9 @@ class TransformerConfig(_Group):
         attention_softcap: soft-capping of the attention logits,
             `cap * tanh(logits / cap)` after scaling (Gemma 2); None = none.
         logit_softcap: soft-capping of the output logits (Gemma 2); None = none.
+        attention_sinks: a learned logit per query head (`sinks [N]`) joins
+            each query's attention scores as one more column before the
+            softmax, which is dropped after it (gpt-oss).
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -218,6 +222,7 @@ class TransformerConfig(_Group):
     layer_settings: dict | None = None
     attention_softcap: float | None = None
     logit_softcap: float | None = None
+    attention_sinks: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -281,6 +286,7 @@ class TransformerConfig(_Group):
             "sinusoidal_interleave",
             "separate_decoder_positions",
             "remat",
+            "attention_sinks",
         ):
             _check_bool(name, getattr(self, name))
         if self.separate_decoder_positions and (

@@ -181,6 +181,7 @@ DECODER = dict(
     layer_settings=None,
     attention_scale=None,
     attention_softcap=None,
+    attention_sinks=False,
     logit_softcap=None,
     qkv_bias=False,
     qk_norm=False,

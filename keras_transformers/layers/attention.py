@@ -68,6 +68,10 @@ class MultiHeadAttention(keras.layers.Layer):
         softcap: soft-capping of the scaled logits, `softcap * tanh(logits /
             softcap)` before the masks (Gemma 2); None (default) for none.
             Attention is then explicit (no fused kernel takes it).
+        sinks: attention sinks (gpt-oss): a learned logit per query head,
+            `sinks [N]`, joins each query's scores as one more column before
+            the softmax and is dropped after it (the probabilities of the
+            real keys then sum to less than one). Attention is then explicit.
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
             attention dropout is active, the backend would have to
@@ -144,6 +148,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_dim=None,
         attention_scale=None,
         softcap=None,
+        sinks=False,
         fused=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
@@ -217,6 +222,11 @@ class MultiHeadAttention(keras.layers.Layer):
             else:  # [H] scales shared by the heads
                 norm.build((None, None, None, self.head_dim))
             setattr(self, name, norm)
+        self.sink_logits = None
+        if self.sinks:  # [N], one logit per query head
+            self.sink_logits = self.add_weight(
+                name="sinks", shape=(self.num_heads,), initializer="zeros"
+            )
         self.built = True
 
     def init_cache(self, batch_size, max_length, dtype):

@@ -22,7 +22,7 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None):
     `[B, S, K, H]`, fused or explicit.
 
     Args:
-        layer: the `MultiHeadAttention` (its heads, scale, soft cap,
+        layer: the `MultiHeadAttention` (its heads, scale, soft cap, sinks,
             dropout and `fused` choice).
         mask: `[B|1, 1, T, S]` booleans (True: attend), or None.
         is_causal: a plain causal mask (no `mask`), for the fused kernels.
@@ -36,7 +36,7 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None):
     half = keras.backend.standardize_dtype(q.dtype) == "float16"
     grouped = layer.num_heads != layer.num_kv_heads
     fused = layer.fused
-    if layer.softcap is not None:  # no fused kernel soft-caps
+    if layer.softcap is not None or layer.sinks:  # no fused kernel takes them
         fused = False
     elif fused is None:  # fused unless it would need dropout or repeated K/V
         fused = not dropout_active and (not grouped or backend.supports_native_gqa())
@@ -87,7 +87,14 @@ def _grouped(layer, q, k, v, mask, is_causal, scale, training, bias=None):
     if mask is not None:  # [B|1, 1, T, S]
         mask = mask if groups == 1 else mask[:, :, None]
         logits = ops.where(mask, logits, -1e9)
-    probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
+    if layer.sinks:  # one more column per head, dropped after the softmax
+        shape = (1, layer.num_kv_heads, groups, 1, 1) if groups > 1 else (1, -1, 1, 1)
+        sinks = ops.reshape(ops.cast(layer.sink_logits, "float32"), shape)
+        sinks = ops.zeros_like(logits[..., :1]) + sinks
+        logits = ops.concatenate([logits, sinks], axis=-1)
+        probs = ops.cast(ops.softmax(logits, axis=-1)[..., :-1], v.dtype)
+    else:
+        probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
     probs = layer.dropout_layer(probs, training=training)
     out = ops.einsum(f"b{heads}ts,bs{heads[0]}h->bt{heads}h", probs, v)
     return ops.reshape(out, (b, t, layer.num_heads, layer.head_dim))

@@ -69,6 +69,8 @@ class TransformerBlock(keras.layers.Layer):
             None is `1 / sqrt(head_dim)` (T5: 1.0).
         attention_softcap: soft-capping of the self-attention logits (see
             `MultiHeadAttention`'s `softcap`); None for none.
+        attention_sinks: a learned sink logit per head in self-attention
+            (see `MultiHeadAttention`'s `sinks`).
         token_mixer: a layer that replaces the self-attention (it is called
             as `MultiHeadAttention` is, and owns its cache: `init_cache`);
             None builds a `MultiHeadAttention` from the arguments above.
@@ -128,6 +130,7 @@ class TransformerBlock(keras.layers.Layer):
         rotary_dim=None,
         attention_scale=None,
         attention_softcap=None,
+        attention_sinks=False,
         token_mixer=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
@@ -183,6 +186,7 @@ class TransformerBlock(keras.layers.Layer):
             rope_scaling=self.rope_scaling,
             rotary_dim=self.rotary_dim,
             softcap=self.attention_softcap,
+            sinks=self.attention_sinks,
             name="self_attention",
             **common,
         )

@@ -19,6 +19,7 @@ _ACTIVATIONS = {
     "gelu_approximate": lambda x: keras.activations.gelu(x, approximate=True),
     "relu": keras.activations.relu,
     "silu": keras.activations.silu,
+    "quick_gelu": lambda x: x * keras.ops.sigmoid(1.702 * x),
 }
 
 
@@ -40,7 +41,8 @@ class FeedForward(keras.layers.Layer):
 
     Args:
         intermediate_dim: F, the hidden size.
-        activation: "gelu", "gelu_approximate", "relu" or "silu".
+        activation: "gelu", "gelu_approximate", "relu", "silu" or
+            "quick_gelu" (`x * sigmoid(1.702 x)`).
         gated: use a gated linear unit. Defaults to False.
         use_bias: biases on the projections. Defaults to True.
         dropout: dropout on the hidden activations (0 by default).

@@ -68,6 +68,13 @@ class SparseMoE(keras.layers.Layer):
             `shared_expert_intermediate_size`).
         shared_expert_gate: multiply the shared output per token by
             `sigmoid(x @ w)` with `w [D, 1]`, no bias (Qwen2-MoE).
+        router_bias: a learned `router_bias [E]` on the router logits.
+            With `normalize_router_weights`, the top-k weights are then a
+            softmax over the k chosen logits (gpt-oss).
+        expert_bias: learned expert biases `expert_gate_up_bias [E, 2F]`
+            (`[E, F]` when not gated) and `expert_down_bias [E, D]`.
+        glu_limit: L, a clamped GLU (gpt-oss, gated experts only):
+            `act(min(gate, L)) * (clip(up, -L, L) + 1)`; None: `act(gate) * up`.
         kernel_initializer: initializer of all kernels.
         seed: seed of the jitter noise.
 
@@ -104,6 +111,9 @@ class SparseMoE(keras.layers.Layer):
         num_shared_experts=0,
         shared_expert_intermediate_dim=None,
         shared_expert_gate=False,
+        router_bias=False,
+        expert_bias=False,
+        glu_limit=None,
         kernel_initializer="glorot_uniform",
         seed=None,
         **kwargs,
@@ -129,6 +139,11 @@ class SparseMoE(keras.layers.Layer):
                 f"num_shared_experts={num_shared_experts}, shared_expert_intermediate_dim="
                 f"{shared_expert_intermediate_dim}, shared_expert_gate={shared_expert_gate}"
             )
+        if glu_limit is not None and not gated:
+            raise ValueError(
+                "`glu_limit` clamps the gate and up halves of gated experts: set "
+                f"gated=True or glu_limit=None. Received: glu_limit={glu_limit}"
+            )
         if dispatch not in DISPATCH:
             raise ValueError(
                 f"`dispatch` must be one of {DISPATCH}. Received: dispatch={dispatch!r}"
@@ -148,6 +163,9 @@ class SparseMoE(keras.layers.Layer):
         self.num_shared_experts = num_shared_experts
         self.shared_expert_intermediate_dim = shared_expert_intermediate_dim
         self.shared_expert_gate = shared_expert_gate
+        self.router_bias = router_bias
+        self.expert_bias = expert_bias
+        self.glu_limit = glu_limit
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -166,6 +184,19 @@ class SparseMoE(keras.layers.Layer):
         self.expert_down = self.add_weight(
             name="expert_down", shape=(e, f, d), initializer=init
         )
+        self.router_bias_weight = self.expert_gate_up_bias = None
+        self.expert_down_bias = None
+        if self.router_bias:
+            self.router_bias_weight = self.add_weight(
+                name="router_bias", shape=(e,), initializer="zeros", autocast=False
+            )
+        if self.expert_bias:
+            self.expert_gate_up_bias = self.add_weight(
+                name="expert_gate_up_bias", shape=(e, width), initializer="zeros"
+            )
+            self.expert_down_bias = self.add_weight(
+                name="expert_down_bias", shape=(e, d), initializer="zeros"
+            )
         self.shared_experts = self.shared_gate = None
         if self.num_shared_experts:
             shared = self.shared_expert_intermediate_dim or f
@@ -216,18 +247,38 @@ class SparseMoE(keras.layers.Layer):
             self.router_kernel,
             self.num_experts_per_token,
             self.normalize_router_weights,
+            self.router_bias_weight,
         )
 
     def apply_experts(self, x, matmul):
         """The expert network on rows `x [M, D]` with `matmul(x, kernels)`
         multiplying each row by its expert's kernel -> `[M, D]`."""
-        hidden = matmul(x, self.expert_kernel("expert_gate_up"))  # [M, 2F] or [M, F]
+        hidden = self._project(x, matmul, "expert_gate_up")  # [M, 2F] or [M, F]
         if self.gated:
             gate, up = ops.split(hidden, 2, axis=-1)  # split: no zero-filled grads
+            if self.glu_limit is not None:
+                limit = self.glu_limit
+                gate = ops.minimum(gate, limit)
+                up = ops.clip(up, -limit, limit) + 1
             hidden = self.activation_fn(gate) * up
         else:
             hidden = self.activation_fn(hidden)
-        return matmul(hidden, self.expert_kernel("expert_down"))
+        return self._project(hidden, matmul, "expert_down")
+
+    def _project(self, x, matmul, name):
+        """Rows `x [M, in]` times their experts' kernel `name`, plus, with
+        `expert_bias`, each row's expert's `[out]` bias: the same `matmul`
+        of rows `[1, 0, ..., 0]` by kernels `[E, 8, out]` that hold the
+        bias in their first row (8 wide: grouped matmuls want 16-byte
+        strides), so every dispatch path adds it as it multiplies."""
+        out = matmul(x, self.expert_kernel(name))
+        if not self.expert_bias:
+            return out
+        bias = getattr(self, name + "_bias")  # [E, out], never quantised
+        bias = ops.cast(backend.value(bias), self.compute_dtype)[:, None]
+        bias = ops.pad(bias, [[0, 0], [0, 7], [0, 0]])  # [E, 8, out]
+        unit = ops.pad(ops.ones((ops.shape(x)[0], 1), x.dtype), [[0, 0], [0, 7]])
+        return out + matmul(unit, bias)
 
     def expert_kernel(self, name):
         """Stacked expert kernel `name` in the compute dtype; int8 kernels are
@@ -362,6 +413,9 @@ class SparseMoE(keras.layers.Layer):
             num_shared_experts=self.num_shared_experts,
             shared_expert_intermediate_dim=self.shared_expert_intermediate_dim,
             shared_expert_gate=self.shared_expert_gate,
+            router_bias=self.router_bias,
+            expert_bias=self.expert_bias,
+            glu_limit=self.glu_limit,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             seed=self.seed,
         )

@@ -96,6 +96,7 @@ def block_spec(
         rotary_dim=rotary_dim,
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
+        attention_sinks=config.attention_sinks,
         kernel_initializer=initializer(config),
     )
     moe = causal and config.moe_layer(index)
@@ -145,6 +146,9 @@ def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
         num_shared_experts=moe.num_shared_experts,
         shared_expert_intermediate_dim=moe.shared_expert_intermediate_dim,
         shared_expert_gate=moe.shared_expert_gate,
+        router_bias=moe.router_bias,
+        expert_bias=moe.expert_bias,
+        glu_limit=moe.glu_limit,
         kernel_initializer=initializer(config),
         dtype=dtype,
         name="moe",
