@@ -56,36 +56,14 @@ def register_model(task: str, default: bool = False) -> Callable[[type], type]:
 def register_converter(converter: Converter) -> Converter:
     """Registers `converter` (a `keras_transformers.convert.protocol.Converter`)
     as the converter of its `model_type`, and returns it."""
-    if isinstance(converter, str):  # TRANSITIONAL (removed before landing)
-
-        def register(config_from_hf):
-            _PENDING[converter] = config_from_hf.__module__
-            return config_from_hf
-
-        return register
     _CONVERTERS[converter.model_type] = converter
     return converter
-
-
-_PENDING: dict[str, str] = {}  # TRANSITIONAL
-
-
-def _resolve_pending() -> None:  # TRANSITIONAL
-    import sys
-
-    from keras_transformers.convert.protocol import _from_module
-
-    for model_type, name in list(_PENDING.items()):
-        _CONVERTERS[model_type] = _from_module(sys.modules[name], model_type)
-        del _PENDING[model_type]
 
 
 def _load_builtins(registrations: dict, module: str) -> None:
     """Loads the built-in registrations (imports `module`) when none are here."""
     if not registrations:
         importlib.import_module(module)
-    if registrations is _CONVERTERS:
-        _resolve_pending()
 
 
 def families() -> dict[str, tuple[type, type]]:

@@ -16,6 +16,11 @@ from keras_transformers.config.groups import (  # noqa: F401 (public names)
 )
 from keras_transformers.config.layer_types import check_layer_types, check_windows
 from keras_transformers.config.param_count import count_params
+from keras_transformers.config.rotary_checks import (
+    check_layer_rotaries,
+    check_rope_scaling,
+    check_rotary_fraction,
+)
 from keras_transformers.config.serialization import _Group
 from keras_transformers.config.validation import (
     _check_attention_knobs,
@@ -25,7 +30,6 @@ from keras_transformers.config.validation import (
     _check_int,
     _fail,
 )
-from keras_transformers.rotary_scaling import rotary_frequencies
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post", "sandwich", "output", "parallel")
@@ -40,7 +44,7 @@ POSITION_EMBEDDINGS = (
     "transformer_xl",
     "none",
 )
-ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu", "quick_gelu")
+ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
 POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 
 
@@ -95,9 +99,7 @@ class TransformerConfig(_Group):
             only: the decoder has its own position table (BART's
             `encoder.embed_positions` and `decoder.embed_positions`) instead
             of reading the encoder's.
-        rope_max_wavelength: rotary base (theta). With `vision`, "rotary"
-            positions are 2-D, on the patch grid (DINOv3; see
-            `keras_transformers.layers.patch_rotary`): no learned table.
+        rope_max_wavelength: rotary base (theta).
         rope_scaling_factor: linear position-interpolation factor for rotary.
         rope_scaling: a Hugging Face rotary scaling for long context (its
             `rope_parameters` without `rope_theta`): `llama3`, `yarn` or
@@ -107,15 +109,12 @@ class TransformerConfig(_Group):
             (its first `int(head_dim * rotary_fraction)` features; GPT-NeoX's
             rotary_pct, Phi's partial_rotary_factor); 1.0: all.
         activation: feed-forward activation: "gelu", "gelu_approximate"
-            (tanh form, GPT-2's gelu_new), "relu", "silu" or "quick_gelu"
-            (`x * sigmoid(1.702 x)`).
+            (tanh form, GPT-2's gelu_new), "relu" or "silu".
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
         use_bias: biases in attention and feed-forward projections.
         qkv_bias: biases on the query, key and value projections even when
             `use_bias` is False (Qwen2: `[N * H]` and `[K * H]` biases, none
             on the attention output or the feed-forward).
-        key_bias: False drops the key projection's bias when the others
-            have theirs (DINOv3: query and value biases, no key bias).
         qk_norm: RMSNorms (`norm_epsilon`) on queries and keys before rotary
             positions: True over each head's H features (weights `[H]`,
             Qwen3's `q_norm` / `k_norm`), "projection" over all heads'
@@ -148,9 +147,6 @@ class TransformerConfig(_Group):
         attention_softcap: soft-capping of the attention logits,
             `cap * tanh(logits / cap)` after scaling (Gemma 2); None = none.
         logit_softcap: soft-capping of the output logits (Gemma 2); None = none.
-        attention_sinks: a learned logit per query head (`sinks [N]`) joins
-            each query's attention scores as one more column before the
-            softmax, which is dropped after it (gpt-oss).
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -208,7 +204,6 @@ class TransformerConfig(_Group):
     gated_feed_forward: bool = False
     use_bias: bool = True
     qkv_bias: bool = False
-    key_bias: bool = True
     qk_norm: bool | str = False
     layer_scale: float | None = None
     tie_embeddings: bool = True
@@ -222,7 +217,6 @@ class TransformerConfig(_Group):
     layer_settings: dict | None = None
     attention_softcap: float | None = None
     logit_softcap: float | None = None
-    attention_sinks: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -278,7 +272,6 @@ class TransformerConfig(_Group):
             "gated_feed_forward",
             "use_bias",
             "qkv_bias",
-            "key_bias",
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",
@@ -286,7 +279,6 @@ class TransformerConfig(_Group):
             "sinusoidal_interleave",
             "separate_decoder_positions",
             "remat",
-            "attention_sinks",
         ):
             _check_bool(name, getattr(self, name))
         if self.separate_decoder_positions and (
@@ -308,7 +300,11 @@ class TransformerConfig(_Group):
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_int("num_segments", self.num_segments, 0)
         _check_int("sliding_window", self.sliding_window, 1, optional=True)
-        self._check_layer_types()
+        if isinstance(self.layer_types, list):
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        check_layer_types(self, _fail)
+        check_windows(self, _fail)
+        check_layer_rotaries(self)
         for name in ("attention_softcap", "logit_softcap"):
             if getattr(self, name) is not None:
                 _check_float(name, getattr(self, name), 1e-6)
@@ -338,58 +334,9 @@ class TransformerConfig(_Group):
                 self.resolved_head_dim,
                 "an even number with rotary positions",
             )
-        self._check_rotary_fraction(self.rotary_fraction, "rotary_fraction")
+        check_rotary_fraction(self, self.rotary_fraction, "rotary_fraction")
         if self.rope_scaling is not None:
-            self._check_rope_scaling()
-
-    def _check_rotary_fraction(self, fraction, name) -> None:
-        """`fraction` of the head rotates: an even number of features >= 2."""
-        _check_float(name, fraction, 1e-9, 1.0 + 1e-9)
-        features = int(self.resolved_head_dim * fraction)
-        if self.rotary and (features < 2 or features % 2):
-            _fail(
-                name,
-                fraction,
-                f"a fraction of head_dim={self.resolved_head_dim} that is an even "
-                "number of features >= 2",
-            )
-
-    def _check_layer_types(self) -> None:
-        """`layer_types` (stored as a tuple) and `layer_settings`; see
-        `keras_transformers.config.layer_types`."""
-        if isinstance(self.layer_types, list):
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        check_layer_types(self, _fail)
-        check_windows(self, _fail)
-        for kind, own in (self.layer_settings or {}).items():
-            base = own.get("rope_max_wavelength", 1.0)
-            _check_float(f"layer_settings[{kind!r}]['rope_max_wavelength']", base, 1.0)
-            factor = own.get("rope_scaling_factor", 1.0)
-            _check_float(
-                f"layer_settings[{kind!r}]['rope_scaling_factor']", factor, 1e-9
-            )
-            if own.get("rope_scaling") is not None:
-                self._check_rope_scaling(own["rope_scaling"], base)
-            if "rotary_fraction" in own:
-                name = f"layer_settings[{kind!r}]['rotary_fraction']"
-                self._check_rotary_fraction(own["rotary_fraction"], name)
-
-    def _check_rope_scaling(self, scaling=None, base=None) -> None:
-        """`rope_scaling`: a dict of a supported type with the fields it
-        needs, only with rotary positions."""
-        scaling = self.rope_scaling if scaling is None else scaling
-        base = self.rope_max_wavelength if base is None else base
-        if not isinstance(scaling, dict) or not self.rotary:
-            _fail(
-                "rope_scaling",
-                scaling,
-                'None, or a dict (Hugging Face\'s rope_parameters without rope_theta) with position_embedding="rotary"',
-            )
-        try:
-            rotary_dim = int(self.resolved_head_dim * self.rotary_fraction)
-            rotary_frequencies(rotary_dim, base, scaling)
-        except ValueError as error:
-            raise ValueError(f"Invalid config value `rope_scaling`: {error}") from None
+            check_rope_scaling(self)
 
     def _check_disentangled(self) -> None:
         """`pooler_activation`, and the `disentangled` group: set (by default

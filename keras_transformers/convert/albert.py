@@ -23,6 +23,7 @@ import re
 import numpy as np
 
 from keras_transformers.convert import bert
+from keras_transformers.convert.protocol import Converter
 from keras_transformers.convert.renamed import Renamed
 from keras_transformers.registry import register_converter
 
@@ -110,7 +111,6 @@ def _as_bert(hf: dict) -> dict:
     return {**hf, "architectures": architectures, "classifier_dropout": dropout}
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF ALBERT `config.json` dict.
 
@@ -187,12 +187,24 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
     return hf, {_albert_name(name): value for name, value in tensors.items()}
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 15
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as albert: blocks shared across depth."""
     return config.num_layer_groups is not None
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=export,
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+        exports=exports,
+        export_order=15,  # the family's default: registry.export_converter
+    )
+)

@@ -24,6 +24,7 @@ from keras_transformers.convert.common import (
     load_positions,
     special_ids,
 )
+from keras_transformers.convert.protocol import Converter, one_layout
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "bert"
@@ -89,7 +90,6 @@ def num_labels(hf: dict) -> int:
     return len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels") or 2)
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF BERT `config.json` dict.
 
@@ -305,12 +305,24 @@ def export_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 100
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as bert: any other BERT-family encoder."""
     return True
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=one_layout(export),
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+        exports=exports,
+        export_order=100,  # the family's default: registry.export_converter
+    )
+)

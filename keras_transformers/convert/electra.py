@@ -28,6 +28,7 @@ import numpy as np
 
 from keras_transformers.convert import bert
 from keras_transformers.convert.common import export_layer, load_layer
+from keras_transformers.convert.protocol import Converter
 from keras_transformers.convert.renamed import Renamed
 from keras_transformers.registry import register_converter
 
@@ -85,7 +86,6 @@ def _as_bert(hf: dict) -> dict:
     return {**hf, "architectures": architectures}
 
 
-@register_converter(MODEL_TYPE)
 def config_from_hf(hf: dict) -> dict:
     """TransformerConfig fields for an HF ELECTRA `config.json` dict.
 
@@ -218,11 +218,6 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict[str, np.ndar
     return hf, out
 
 
-# The default export of its family: the first converter, by EXPORT_ORDER,
-# whose `exports(config)` holds (see `registry.export_converter`).
-EXPORT_ORDER = 20
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as electra: learned positions, no shared blocks and a GELU
@@ -232,3 +227,20 @@ def exports(config) -> bool:
         and config.num_layer_groups is None
         and config.pooler_activation == "gelu"
     )
+
+
+CONVERTER = register_converter(
+    Converter(
+        MODEL_TYPE,
+        config_from_hf=config_from_hf,
+        preset_data=preset_data,
+        load_weights=load_model_weights,
+        export=export,
+        family=FAMILY,
+        prefixes=PREFIXES,
+        probe=PROBE,
+        fit_config=fit_config,
+        exports=exports,
+        export_order=20,  # the family's default: registry.export_converter
+    )
+)

@@ -178,42 +178,4 @@ def decoder(
     )
 
 
-def _from_module(module, model_type):  # TRANSITIONAL (removed before landing)
-    get = lambda n, d=None: getattr(module, n, d)  # noqa: E731
-    if get("preset_data") is None:
-        return decoder(
-            model_type,
-            architectures=(module.BASE_ARCHITECTURE, module.ARCHITECTURE),
-            config_from_hf=module.config_from_hf,
-            hf_config=module.hf_config,
-            load_weights=module.load_weights,
-            export_weights=module.export_weights,
-            prefixes=module.PREFIXES,
-            probe=module.PROBE,
-            exports=get("exports"),
-            export_order=get("EXPORT_ORDER", 100),
-        )
-    load = get("load_model_weights") or backbone_weights(module.load_weights)
-    export = module.export
-    import inspect
-
-    if "model_type" not in inspect.signature(export).parameters:
-        export = one_layout(export)
-    return Converter(
-        model_type,
-        config_from_hf=module.config_from_hf,
-        preset_data=module.preset_data,
-        load_weights=load,
-        export=export,
-        family=get("FAMILY", "gpt"),
-        prefixes=module.PREFIXES,
-        probe=module.PROBE,
-        fit_directory=get("fit_directory", _same_fields),
-        fit_config=get("fit_config", _same_fields),
-        write_preprocessor=get("write_preprocessor", _no_preprocessor),
-        exports=get("exports"),
-        export_order=get("EXPORT_ORDER", 100),
-    )
-
-
 __all__ = ["Converter", "backbone_weights", "decoder", "one_layout"]

@@ -36,7 +36,7 @@ class MaskedLMHead(keras.layers.Layer):
     Returns:
         `[B, P, V]` logits.
 
-    Example:
+    Examples:
         >>> head = MaskedLMHead(100, embedding_dim=8)
         >>> embedding = keras_transformers.layers.TokenEmbedding(100, 8)
         >>> embedding.build((None, None))

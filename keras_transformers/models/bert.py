@@ -259,7 +259,7 @@ class ElectraDiscriminator(TaskModel):
         replaced. Train with `keras.losses.BinaryCrossentropy(from_logits=True)`
         and `sample_weight=padding_mask`.
 
-    Example:
+    Examples:
         >>> model = ElectraDiscriminator.from_preset("bert_tiny", num_layers=1)
         >>> tuple(model({"token_ids": np.ones((1, 8), "int32")}).shape)
         (1, 8)

@@ -432,11 +432,8 @@ def load_hf_tokenizer(directory: PathLike) -> HFTokenizer | None:
             SentencePiece model of a tokenizer class this library cannot
             build (the message says how to write its `tokenizer.json`).
 
-    Example:
-
-    ```python
-    tokenizer = load_hf_tokenizer("path/to/hf_model")
-    ```
+    Examples:
+        >>> tokenizer = load_hf_tokenizer("path/to/hf_model")  # doctest: +SKIP
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
