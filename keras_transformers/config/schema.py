@@ -44,7 +44,7 @@ POSITION_EMBEDDINGS = (
     "transformer_xl",
     "none",
 )
-ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu")
+ACTIVATIONS = ("gelu", "gelu_approximate", "relu", "silu", "quick_gelu")
 POOLER_ACTIVATIONS = ("tanh", *ACTIVATIONS)
 
 
@@ -99,7 +99,9 @@ class TransformerConfig(_Group):
             only: the decoder has its own position table (BART's
             `encoder.embed_positions` and `decoder.embed_positions`) instead
             of reading the encoder's.
-        rope_max_wavelength: rotary base (theta).
+        rope_max_wavelength: rotary base (theta). With `vision`, "rotary"
+            positions are 2-D, on the patch grid (DINOv3; see
+            `keras_transformers.layers.patch_rotary`): no learned table.
         rope_scaling_factor: linear position-interpolation factor for rotary.
         rope_scaling: a Hugging Face rotary scaling for long context (its
             `rope_parameters` without `rope_theta`): `llama3`, `yarn` or
@@ -109,12 +111,15 @@ class TransformerConfig(_Group):
             (its first `int(head_dim * rotary_fraction)` features; GPT-NeoX's
             rotary_pct, Phi's partial_rotary_factor); 1.0: all.
         activation: feed-forward activation: "gelu", "gelu_approximate"
-            (tanh form, GPT-2's gelu_new), "relu" or "silu".
+            (tanh form, GPT-2's gelu_new), "relu", "silu" or "quick_gelu"
+            (`x * sigmoid(1.702 x)`).
         gated_feed_forward: gated (GLU) feed-forward, e.g. SwiGLU with "silu".
         use_bias: biases in attention and feed-forward projections.
         qkv_bias: biases on the query, key and value projections even when
             `use_bias` is False (Qwen2: `[N * H]` and `[K * H]` biases, none
             on the attention output or the feed-forward).
+        key_bias: False drops the key projection's bias when the others
+            have theirs (DINOv3: query and value biases, no key bias).
         qk_norm: RMSNorms (`norm_epsilon`) on queries and keys before rotary
             positions: True over each head's H features (weights `[H]`,
             Qwen3's `q_norm` / `k_norm`), "projection" over all heads'
@@ -147,6 +152,9 @@ class TransformerConfig(_Group):
         attention_softcap: soft-capping of the attention logits,
             `cap * tanh(logits / cap)` after scaling (Gemma 2); None = none.
         logit_softcap: soft-capping of the output logits (Gemma 2); None = none.
+        attention_sinks: a learned logit per query head (`sinks [N]`) joins
+            each query's attention scores as one more column before the
+            softmax, which is dropped after it (gpt-oss).
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -204,6 +212,7 @@ class TransformerConfig(_Group):
     gated_feed_forward: bool = False
     use_bias: bool = True
     qkv_bias: bool = False
+    key_bias: bool = True
     qk_norm: bool | str = False
     layer_scale: float | None = None
     tie_embeddings: bool = True
@@ -217,6 +226,7 @@ class TransformerConfig(_Group):
     layer_settings: dict | None = None
     attention_softcap: float | None = None
     logit_softcap: float | None = None
+    attention_sinks: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -272,6 +282,7 @@ class TransformerConfig(_Group):
             "gated_feed_forward",
             "use_bias",
             "qkv_bias",
+            "key_bias",
             "tie_embeddings",
             "logits_bias",
             "scale_embeddings",
@@ -279,6 +290,7 @@ class TransformerConfig(_Group):
             "sinusoidal_interleave",
             "separate_decoder_positions",
             "remat",
+            "attention_sinks",
         ):
             _check_bool(name, getattr(self, name))
         if self.separate_decoder_positions and (
