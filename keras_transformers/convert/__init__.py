@@ -184,17 +184,23 @@ def export_hf(model, directory, model_type=None) -> None:
     ...`TokenClassification` for BERT; `AutoModelForSeq2SeqLM` / `MarianMTModel`
     for seq2seq; `AutoModel` / `AutoModelForImageClassification` for ViT).
     Without `model_type`, each family's converters say which configs they
-    take (`exports(config)`, tried by `EXPORT_ORDER`): GPT models with
-    learned positions as "gpt2"; rotary ones as "phi3" (partial rotary),
-    "gemma3_text" (sandwich norms and q/k norms), "gemma2" (sandwich
-    norms), "gemma" (`scale_embeddings`), "qwen3" (`qk_norm`), "qwen2"
-    (`qkv_bias`), "mistral" (a sliding window) or "llama"; BERT-family
-    models as "deberta-v2" (disentangled attention) or "bert" (or, asked
-    for, "roberta", "xlm-roberta", "camembert", "distilbert"); seq2seq
-    models as "t5" (relative position bias), "bart" (learned positions) or
-    "marian"; Mixtral-family models as "qwen3_moe" (`qk_norm`), "qwen2_moe"
-    (a gated shared expert or `qkv_bias`) or "mixtral"; ViT-family models
-    as "deit" (a distillation token), "dinov2" (`layer_scale`) or "vit",
+    take (`exports(config)`, tried by `export_order`; see
+    `keras_transformers.convert.protocol.Converter`): GPT models with
+    learned positions as "gpt2"; rotary ones as "gpt_neox" (LayerNorm),
+    "phi3" (partial rotary), "gemma3_text" (sandwich norms and q/k norms),
+    "gemma2" (sandwich norms), "gemma" (`scale_embeddings`), "olmo2" (norms
+    on the sub-layers' outputs), "smollm3" (layers without rotary), "qwen3"
+    (`qk_norm`), "qwen2" (`qkv_bias`), "mistral" (a sliding window) or
+    "llama"; BERT-family models as "deberta-v2" (disentangled attention),
+    "albert" (blocks shared across depth), "electra" (a GELU pooler, as
+    ELECTRA's classifier head) or "bert" (or, asked for, "roberta",
+    "xlm-roberta", "camembert", "distilbert"); seq2seq models as "t5"
+    (relative position bias), "bart" (learned positions) or "marian";
+    Mixtral-family models as "gpt_oss" (attention sinks), "qwen3_moe"
+    (`qk_norm`), "qwen2_moe" (a gated shared expert or `qkv_bias`) or
+    "mixtral"; ViT-family models as "deit" (a distillation token),
+    "dinov3_vit" (2-D rotary patch positions), "dinov2" (`layer_scale`) or
+    "vit",
     plus a `preprocessor_config.json` when the model normalises its inputs.
     `model_type` picks another layout of the family the config fits (e.g.
     "phi3", which a config cannot tell from "llama").
