@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from keras_transformers.convert.protocol import Converter
+# A `keras_transformers.convert.protocol.Converter` (not imported: the
+# registry sits below the packages it registers).
+Converter = Any
 
 # The built-in families, in the order listings show them.
 FAMILIES = ("gpt", "bert", "transformer", "mixtral", "vit")
