@@ -20,6 +20,7 @@ from hf_parity import randomize, record  # noqa: E402
 import keras_transformers  # noqa: E402
 from keras_transformers import TransformerConfig  # noqa: E402
 from keras_transformers.convert import dinov3, export_hf, hf_preset_data  # noqa: E402
+from keras_transformers.layers.patch_rotary import PatchRotaryAttention  # noqa: E402
 from keras_transformers.models import ViTBackbone  # noqa: E402
 
 TINY = dict(
@@ -48,26 +49,40 @@ def hf(tmp_path_factory):
     return out
 
 
-def _compare(ours, reference, shape, case):
-    pixels = np.random.default_rng(1).standard_normal((2, 3, *shape)).astype("float32")
+def _pixels(shape):
+    rng = np.random.default_rng(1)
+    return rng.standard_normal((2, 3, *shape)).astype("float32")
+
+
+def _compare(ours, reference, pixels, case):
+    """Our hidden states and pooled class token (`ours`: a backbone, or its
+    `(hidden, pooled)` outputs) against an HF model's on `pixels`."""
     with torch.no_grad():
         ref = reference(pixel_values=torch.tensor(pixels))
-    out = ours(np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)))
-    record(
-        case + " hidden", keras.ops.convert_to_numpy(out), ref.last_hidden_state.numpy()
-    )
-    pooled = keras.ops.convert_to_numpy(ours.pool(out))
-    record(case + " pooled", pooled, ref.pooler_output.numpy())
+    if isinstance(ours, ViTBackbone):
+        hidden = ours(np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)))
+        ours = [keras.ops.convert_to_numpy(x) for x in (hidden, ours.pool(hidden))]
+    record(case + " hidden", ours[0], ref.last_hidden_state.numpy())
+    record(case + " pooled", ours[1], ref.pooler_output.numpy())
+    return ours
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_outputs_match(hf, kind):
-    """At the config's 4x4 grid and at a non-square 3x5 one."""
+def test_outputs_and_export_match(hf, kind, tmp_path):
+    """At the config's 4x4 grid and at a non-square 3x5 one; our export
+    loads back into transformers with the same outputs."""
     path, reference = hf[kind]
     model = keras_transformers.from_preset(path)
     assert type(model) is ViTBackbone
-    for shape in ((32, 32), (24, 40)):
-        _compare(model, reference, shape, f"{kind} at {shape}")
+    _compare(model, reference, _pixels((32, 32)), f"{kind} at 32x32")
+    ours = _compare(model, reference, _pixels((24, 40)), f"{kind} at 24x40")
+    export_hf(model, tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == "dinov3_vit"
+    back = transformers.DINOv3ViTModel.from_pretrained(
+        tmp_path, attn_implementation="eager"
+    ).eval()
+    _compare(ours, back, _pixels((24, 40)), f"{kind} exported")
 
 
 def test_config_and_params(hf):
@@ -92,19 +107,6 @@ def test_config_and_params(hf):
     assert (swiglu.gated_feed_forward, swiglu.activation) == (True, "silu")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_export_round_trip(hf, kind, tmp_path):
-    """Our export loads back into transformers with the same outputs."""
-    model = keras_transformers.from_preset(hf[kind][0])
-    export_hf(model, tmp_path)
-    written = json.loads((tmp_path / "config.json").read_text())
-    assert written["model_type"] == "dinov3_vit"
-    back = transformers.DINOv3ViTModel.from_pretrained(
-        tmp_path, attn_implementation="eager"
-    ).eval()
-    _compare(model, back, (24, 40), f"{kind} exported")
-
-
 def test_errors(hf):
     edited = dict(json.loads((hf["mlp"][0] / "config.json").read_text()))
     with pytest.raises(ValueError, match="value_bias=False"):
@@ -114,3 +116,6 @@ def test_errors(hf):
         config.replace(num_heads=4, hidden_dim=24)
     with pytest.raises(ValueError, match="position_embedding"):
         dinov3.hf_config(config.replace(position_embedding="learned"))
+    layer = PatchRotaryAttention(num_heads=2, head_dim=8, rope_max_wavelength=100.0)
+    with pytest.raises(ValueError, match="patch_coordinates"):
+        layer(np.ones((1, 7, 16), "float32"))  # no positions
