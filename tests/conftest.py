@@ -96,7 +96,7 @@ def pytest_runtest_logreport(report):
     worker to the same file): the data for choosing what to speed up or move
     to the `large` tier (CONTRIBUTING.md, "The suite's budget")."""
     path = os.environ.get("KT_TEST_TIMES")
-    if not path:
+    if not path or hasattr(report, "node"):  # xdist's controller: a worker's copy
         return
     line = json.dumps(
         {
