@@ -138,7 +138,9 @@ def test_jax_eight_simulated_devices():
     _run_cases(
         "jax_mesh_cases.py",
         "jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        # After the suite's compile-time flags (conftest.py).
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+        + " --xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
     )
 
