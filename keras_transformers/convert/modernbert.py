@@ -28,9 +28,14 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
-
-from keras_transformers.convert.common import ACTIVATIONS, assign, fetch, special_ids
+from keras_transformers.convert.common import (
+    ACTIVATIONS,
+    export_rows,
+    linear_rows,
+    load_rows,
+    norm_rows,
+    special_ids,
+)
 from keras_transformers.convert.protocol import Converter
 from keras_transformers.registry import register_converter
 
@@ -173,23 +178,6 @@ def preset_data(hf: dict) -> dict:
     return {"family": FAMILY, "class_name": name, "config": config_from_hf(hf)}
 
 
-def _linear(layers, name: str) -> tuple:
-    """A PyTorch `Linear` `name` whose `[out, in]` weight stacks `layers`'
-    kernels (each `[in, ...]`) along `out`, and its bias likewise."""
-    kernels = [(x.kernel, (x.kernel.shape[0], -1)) for x in layers]
-    rows = [(name + ".weight", kernels, True)]
-    if layers[0].bias is not None:
-        rows.append((name + ".bias", [(x.bias, (-1,)) for x in layers], False))
-    return rows
-
-
-def _norm(layer, name: str) -> list[tuple]:
-    rows = [(name + ".weight", [(layer.gamma, (-1,))], False)]
-    if layer.beta is not None:
-        rows.append((name + ".bias", [(layer.beta, (-1,))], False))
-    return rows
-
-
 def _rows(model, p: str, head: bool) -> list[tuple]:
     """The two-way name map: `(HF name, [(variable, our shape)], transposed)`,
     the HF tensor being the parts (in our shape, transposed when asked)
@@ -197,26 +185,28 @@ def _rows(model, p: str, head: bool) -> list[tuple]:
     backbone = getattr(model, "backbone", model)
     table = backbone.token_embedding.embeddings
     rows = [(p + "embeddings.tok_embeddings.weight", [(table, table.shape)], False)]
-    rows += _norm(backbone.embedding_norm, p + "embeddings.norm")
+    rows += norm_rows(backbone.embedding_norm, p + "embeddings.norm")
     for i, block in enumerate(backbone.blocks):
         n, attention, ffn = f"{p}layers.{i}.", block.self_attention, block.feed_forward
         if block.self_attention_norm is not None:
-            rows += _norm(block.self_attention_norm, n + "attn_norm")
+            rows += norm_rows(block.self_attention_norm, n + "attn_norm")
         qkv = [attention.query_dense, attention.key_dense, attention.value_dense]
-        rows += _linear(qkv, n + "attn.Wqkv")
+        rows += linear_rows(qkv, n + "attn.Wqkv")
         out = attention.output_dense
         rows.append(
             (n + "attn.Wo.weight", [(out.kernel, (-1, out.kernel.shape[-1]))], True)
         )
         if out.bias is not None:
             rows.append((n + "attn.Wo.bias", [(out.bias, (-1,))], False))
-        rows += _norm(block.feed_forward_norm, n + "mlp_norm")
-        rows += _linear([ffn.gate_dense, ffn.inner_dense], n + "mlp.Wi")
-        rows += _linear([ffn.output_dense], n + "mlp.Wo")
-    rows += _norm(backbone.final_norm, p + "final_norm")
+        rows += norm_rows(block.feed_forward_norm, n + "mlp_norm")
+        rows += linear_rows([ffn.gate_dense, ffn.inner_dense], n + "mlp.Wi")
+        rows += linear_rows([ffn.output_dense], n + "mlp.Wo")
+    rows += norm_rows(backbone.final_norm, p + "final_norm")
     if head:
         lm = model.masked_lm_head
-        rows += _linear([lm.transform], "head.dense") + _norm(lm.norm, "head.norm")
+        rows += linear_rows([lm.transform], "head.dense") + norm_rows(
+            lm.norm, "head.norm"
+        )
         rows.append(("decoder.bias", [(lm.bias, (-1,))], False))
     return rows
 
@@ -233,33 +223,8 @@ def load_model_weights(model, checkpoint, hf: dict) -> None:
             "BertMaskedLM: newly initialised, train before use.",
             stacklevel=3,
         )
-    for name, parts, transposed in _rows(model, p, head):
-        value = checkpoint.get(name)
-        sizes = [_part_rows(v, s, transposed) for v, s in parts]
-        if sum(sizes) != value.shape[0]:
-            raise ValueError(
-                f"Checkpoint weight {name!r} has shape {list(value.shape)}, but the "
-                f"model built from config.json expects {sum(sizes)} rows: config.json "
-                "does not describe these weights."
-            )
-        for (variable, shape), part in zip(
-            parts, np.split(value, np.cumsum(sizes)[:-1])
-        ):
-            full = _full_shape(variable, shape)
-            assign(variable, part, name, shape=full, transpose=transposed)
+    load_rows(_rows(model, p, head), checkpoint.get)
     checkpoint.used.update(["decoder.weight"] * head)  # the tied table
-
-
-def _full_shape(variable, shape) -> tuple:
-    """`shape` with its -1 resolved for `variable`."""
-    size = int(np.prod(variable.shape))
-    known = int(np.prod([d for d in shape if d != -1]))
-    return tuple(size // known if d == -1 else d for d in shape)
-
-
-def _part_rows(variable, shape, transposed: bool) -> int:
-    full = _full_shape(variable, shape)
-    return full[-1] if transposed else full[0]
 
 
 def hf_config(config) -> dict:
@@ -337,12 +302,7 @@ def export(model, model_type: str = MODEL_TYPE) -> tuple[dict, dict]:
     backbone = getattr(model, "backbone", model)
     hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURES[cls]]}
     head = model is not backbone
-    out = {}
-    for name, parts, transposed in _rows(model, "model." if head else "", head):
-        arrays = [
-            fetch(v, shape=_full_shape(v, s), transpose=transposed) for v, s in parts
-        ]
-        out[name] = np.concatenate(arrays, axis=0)
+    out = export_rows(_rows(model, "model." if head else "", head))
     if head:
         out["decoder.weight"] = out["model.embeddings.tok_embeddings.weight"]
     return hf, out
