@@ -97,6 +97,12 @@ PUBLISHED = {
     # config.json under torch.device("meta"), numel summed.
     "modernbert_base": (149_014_272, 1e-12),
     "modernbert_large": (394_781_696, 1e-12),
+    # Exact: transformers' EsmModel (no pooler) built from the published
+    # config.json under torch.device("meta"), less its contact head
+    # (num_layers * num_heads + 1), which is not converted.
+    "esm2_t6_8m": (7_408_960, 1e-12),
+    "esm2_t12_35m": (33_269_280, 1e-12),
+    "esm2_t33_650m": (649_400_320, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {
