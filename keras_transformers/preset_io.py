@@ -119,8 +119,9 @@ def read_preset(handle, handle_kind: str) -> dict:
 
 def load_assets(directory):
     """The tokenizer or preprocessor saved in `directory`, or None when it
-    has no tokenizer files: what `HFTokenizer.save_assets` wrote; else a
-    WordPiece (BERT) preprocessor when there is a `vocab.txt` or a WordPiece
+    has no tokenizer files: what `HFTokenizer.save_assets` wrote; else ESM's
+    protein tokenizer (`vocab.txt` with `"tokenizer_class": "EsmTokenizer"`);
+    else a WordPiece (BERT) preprocessor when there is a `vocab.txt` or a WordPiece
     `tokenizer.json`; else an `HFTokenizer` for any other Hugging Face
     `tokenizer.json` or, without one, a SentencePiece model
     (`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`,
@@ -128,11 +129,14 @@ def load_assets(directory):
     `merges.txt`). Files it cannot read raise, naming the file and the fix."""
     from keras_transformers.preprocessing import load_preprocessor
     from keras_transformers.tokenizer import load_tokenizer
+    from keras_transformers.tokenizer.esm import EsmTokenizer, is_esm_directory
     from keras_transformers.tokenizer.files import _has_assets
     from keras_transformers.tokenizer.hf import load_hf_tokenizer, saved_by_hf_tokenizer
 
     if saved_by_hf_tokenizer(directory):
         return load_hf_tokenizer(directory)
+    if is_esm_directory(directory):
+        return EsmTokenizer.from_assets(directory)
     found = load_preprocessor(directory) or load_hf_tokenizer(directory)
     if found is None and _has_assets(directory):
         found = load_tokenizer(directory)

@@ -260,7 +260,8 @@ def test_export_round_trip(tmp_path, kind, fields):
         (
             dict(model_type="funnel"),
             "\\['albert', 'bert', 'camembert', 'deberta-v2', 'distilbert', "
-            "'electra', 'roberta', 'xlm-roberta'\\] \\(bert\\)",
+            "'electra', 'esm', 'modernbert', 'roberta', 'xlm-roberta'\\] "
+            "\\(bert\\)",
         ),
         (dict(model_type="roberta"), "not look like a roberta checkpoint"),
     ],

@@ -166,9 +166,9 @@ def test_bad_block_layouts_name_the_argument():
         MultiHeadAttention(num_heads=2, head_dim=4, qk_norm="heads")
 
 
-def test_layer_types_are_for_decoders():
-    with pytest.raises(ValueError, match='layer_types.*stacks="decoder"'):
-        kt.TransformerConfig(**{**MIXED, "stacks": "encoder"})
+def test_layer_types_are_for_decoders_and_encoders():
+    with pytest.raises(ValueError, match='layer_types.*stacks="decoder" or "encoder"'):
+        kt.TransformerConfig(**{**MIXED, "stacks": "encoder_decoder"})
 
 
 def test_an_injected_token_mixer_serializes():

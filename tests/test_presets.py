@@ -93,6 +93,16 @@ PUBLISHED = {
     "electra_base_discriminator": (108_891_648, 1e-12),
     "albert_base_v2": (11_683_584, 1e-12),
     "albert_large_v2": (17_683_968, 1e-12),
+    # Exact: transformers' ModernBertModel built from the published
+    # config.json under torch.device("meta"), numel summed.
+    "modernbert_base": (149_014_272, 1e-12),
+    "modernbert_large": (394_781_696, 1e-12),
+    # Exact: transformers' EsmModel (no pooler) built from the published
+    # config.json under torch.device("meta"), less its contact head
+    # (num_layers * num_heads + 1), which is not converted.
+    "esm2_t6_8m": (7_408_960, 1e-12),
+    "esm2_t12_35m": (33_269_280, 1e-12),
+    "esm2_t33_650m": (649_400_320, 1e-12),
 }
 # Image classifiers are published with their 1000-class head.
 PUBLISHED_WITH_HEAD = {

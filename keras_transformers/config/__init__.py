@@ -41,6 +41,9 @@ Glossary (ours -> paper / Hugging Face):
 ``num_segments``        type_vocab_size (BERT)
 ``embedding_dim``       embedding_size (ALBERT, ELECTRA: factorised embeddings)
 ``num_layer_groups``    num_hidden_groups (ALBERT: blocks shared across depth)
+``norm_type="layer_no_bias"`` norm_bias=False (ModernBERT)
+``first_attention_norm`` False: ModernBERT's first layer's attn_norm is an identity
+``token_dropout_mask_id`` mask_token_id with token_dropout=True (ESM)
 ``tie_embeddings``      tie_word_embeddings
 ``separate_decoder_positions`` BART's own decoder.embed_positions table
 ``moe.num_experts``     num_local_experts (Mixtral) / num_experts (Qwen-MoE)

@@ -2,7 +2,8 @@
 
 A `TransformerConfig` describes its layers with `layer_types` (one entry
 per layer) and `layer_settings` (per type, the settings that differ from
-the config's own). Without `layer_types`, every layer has one type:
+the config's own); in an encoder a sliding layer's window is symmetric
+(each token sees `sliding_window // 2` positions on either side). Without `layer_types`, every layer has one type:
 "sliding_attention" when the config has a `sliding_window` (Mistral: every
 layer slides), else "full_attention". A type may carry defaults of its
 own: "no_rope_attention" is full attention without rotary positions
@@ -50,13 +51,20 @@ def layer_type(config, index: int) -> str:
     )
 
 
+def typed(config, causal: bool) -> bool:
+    """Whether a stack of `config` has per-layer types: a causal one, or an
+    encoder's (`stacks="encoder"`, whose sliding layers are symmetric
+    windows); a seq2seq encoder stack has full-attention layers only."""
+    return causal or config.stacks == "encoder"
+
+
 def layer_settings(config, index: int, causal: bool = True) -> dict:
     """The resolved attention settings of layer `index`: `sliding_window`
     (None for a full-attention layer), `rope_max_wavelength` (None without
     rotary positions), `rope_scaling_factor`, `rope_scaling` and
-    `rotary_fraction`. A stack that is not `causal` (an encoder, a
-    decoder's cross-attention side) has full-attention layers only."""
-    kind = layer_type(config, index) if causal else "full_attention"
+    `rotary_fraction`. The layers of a stack that is not `causal` are
+    typed only in an encoder (see `typed`)."""
+    kind = layer_type(config, index) if typed(config, causal) else "full_attention"
     own = {
         **TYPE_DEFAULTS.get(kind, {}),
         **(config.layer_settings or {}).get(kind, {}),
@@ -81,7 +89,7 @@ def layer_settings(config, index: int, causal: bool = True) -> dict:
 
 
 def sliding_windows(config) -> list:
-    """Each layer's sliding window (None: full attention)."""
+    """Each layer's sliding window (None: full attention) in a decoder."""
     return [
         layer_settings(config, i)["sliding_window"] for i in range(config.num_layers)
     ]
@@ -92,8 +100,8 @@ def check_layer_types(config, fail) -> None:
     value, expected)` raises."""
     types, settings = config.layer_types, config.layer_settings
     if types is not None:
-        if config.stacks != "decoder":
-            fail("layer_types", types, 'None unless stacks="decoder"')
+        if config.stacks == "encoder_decoder":
+            fail("layer_types", types, 'None unless stacks="decoder" or "encoder"')
         ok = isinstance(types, (list, tuple)) and len(types) == config.num_layers
         if not ok or any(kind not in LAYER_TYPES for kind in types):
             fail(
@@ -150,4 +158,5 @@ __all__ = [
     "layer_settings",
     "layer_type",
     "sliding_windows",
+    "typed",
 ]

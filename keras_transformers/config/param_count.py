@@ -8,7 +8,7 @@ def count_params(config, active: bool) -> int:
     """Parameters of the model `config` (a `TransformerConfig`) describes;
     with `active`, only `num_experts_per_token` experts per MoE layer."""
     d = config.hidden_dim
-    norm = d if config.norm_type == "rms" else 2 * d
+    norm = 2 * d if config.norm_type == "layer" else d  # rms, layer_no_bias
     total = 0
     # Embeddings (`embedding_dim` wide, then projected to `hidden_dim`).
     e = config.embedding_dim or d
@@ -57,6 +57,8 @@ def count_params(config, active: bool) -> int:
             total += attention + 2 * per_branch + ffn
         if config.final_norm:
             total += norm
+        if not config.first_attention_norm:
+            total -= norm
     if config.disentangled is not None:
         total += _disentangled_params(config, norm)
     if config.pooler:

@@ -33,7 +33,7 @@ from keras_transformers.config.validation import (
 
 STACKS = ("decoder", "encoder", "encoder_decoder")
 NORM_POSITIONS = ("pre", "post", "sandwich", "output", "parallel")
-NORM_TYPES = ("layer", "rms")
+NORM_TYPES = ("layer", "rms", "layer_no_bias")
 QK_NORMS = (False, True, "projection")
 POSITION_EMBEDDINGS = (
     "learned",
@@ -69,9 +69,12 @@ class TransformerConfig(_Group):
             the one norm on the output, as OLMo 2) or "parallel"
             (x + attn(norm(x)) + ff(norm'(x)): both sub-layers read the
             block's input, as GPT-NeoX and Pythia; not with cross-attention).
-        norm_type: "layer" (LayerNorm) or "rms" (RMSNorm).
+        norm_type: "layer" (LayerNorm), "rms" (RMSNorm) or "layer_no_bias"
+            (LayerNorm without its bias, ModernBERT's `norm_bias=False`).
         norm_epsilon: epsilon of every norm.
         final_norm: a norm after the last block (pre-norm stacks).
+        first_attention_norm: False: the first block's self-attention reads
+            its input without a norm (ModernBERT: the embedding norm's output).
         embedding_norm: a norm after the embeddings (BERT).
         pooler: a dense layer on the first token's final state (BERT's
             `pooled_output`).
@@ -170,6 +173,9 @@ class TransformerConfig(_Group):
             of `position_embedding="disentangled"` (encoders: no absolute
             positions, relative ones in every self-attention); None there
             means the defaults (DeBERTa-v3's).
+        token_dropout_mask_id: ESM's token dropout at inference: embeddings
+            of this (mask) id are zeroed and every embedding scaled by
+            `0.88 / (1 - the mask fraction of the real tokens)`; None = off.
         vision: image-patch group (None = token inputs).
         embedding_dim: encoders: width E of the embeddings and their norm,
             projected to `hidden_dim` by a dense layer (ALBERT, ELECTRA's
@@ -193,6 +199,7 @@ class TransformerConfig(_Group):
     norm_type: str = "layer"
     norm_epsilon: float = 1e-5
     final_norm: bool = True
+    first_attention_norm: bool = True
     embedding_norm: bool = False
     pooler: bool = False
     pooler_activation: str = "tanh"
@@ -234,6 +241,7 @@ class TransformerConfig(_Group):
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    token_dropout_mask_id: int | None = None
     moe: MoEConfig | None = field(default=None)
     vision: VisionConfig | None = field(default=None)
     disentangled: DisentangledConfig | None = field(default=None)
@@ -277,6 +285,7 @@ class TransformerConfig(_Group):
         _check_float("norm_epsilon", self.norm_epsilon, 0.0)
         for name in (
             "final_norm",
+            "first_attention_norm",
             "embedding_norm",
             "pooler",
             "gated_feed_forward",

@@ -132,6 +132,14 @@ def _check_encoder_knobs(config) -> None:
         value = getattr(config, name)
         if value is not None and (config.stacks != "encoder" or config.vision):
             _fail(name, value, 'None unless stacks="encoder" with token inputs')
+    mask_id = config.token_dropout_mask_id
+    _check_int("token_dropout_mask_id", mask_id, 0, optional=True)
+    if mask_id is not None and (config.stacks != "encoder" or config.vision):
+        _fail("token_dropout_mask_id", mask_id, 'None unless stacks="encoder"')
+    if mask_id is not None and mask_id >= config.vocabulary_size:
+        _fail("token_dropout_mask_id", mask_id, f"< {config.vocabulary_size=}")
+    if not config.first_attention_norm and config.norm_position != "pre":
+        _fail("first_attention_norm", False, 'True unless norm_position="pre"')
     groups = config.num_layer_groups
     if groups is not None and config.num_layers % groups:
         _fail(

@@ -191,7 +191,9 @@ def export_hf(model, directory, model_type=None) -> None:
     "gemma2" (sandwich norms), "gemma" (`scale_embeddings`), "olmo2" (norms
     on the sub-layers' outputs), "smollm3" (layers without rotary), "qwen3"
     (`qk_norm`), "qwen2" (`qkv_bias`), "mistral" (a sliding window) or
-    "llama"; BERT-family models as "deberta-v2" (disentangled attention),
+    "llama"; BERT-family models as "modernbert" (pre-norm, rotary, gated,
+    first block without attention norm), "esm" (pre-norm, rotary, plain
+    feed-forward), "deberta-v2" (disentangled attention),
     "albert" (blocks shared across depth), "electra" (a GELU pooler, as
     ELECTRA's classifier head) or "bert" (or, asked for, "roberta",
     "xlm-roberta", "camembert", "distilbert"); seq2seq models as "t5"

@@ -225,3 +225,66 @@ def load_positions(variable, value: np.ndarray, name: str) -> None:
         table[:n] = value[:n]
         value = table
     assign(variable, value, name)
+
+
+# A row of a two-way name map: `(HF name, [(variable, our shape)], transposed)`,
+# the HF tensor being the parts (each in `our shape`, one -1 allowed,
+# transposed when asked) stacked along its first axis (a fused projection:
+# ModernBERT's `Wqkv`).
+
+
+def linear_rows(layers, name: str) -> list[tuple]:
+    """Rows of a PyTorch `Linear` `name` whose `[out, in]` weight stacks the
+    kernels of `layers` (each `[in, ...]`) along `out`, and its bias alike."""
+    rows = [
+        (name + ".weight", [(x.kernel, (x.kernel.shape[0], -1)) for x in layers], True)
+    ]
+    if layers[0].bias is not None:
+        rows.append((name + ".bias", [(x.bias, (-1,)) for x in layers], False))
+    return rows
+
+
+def norm_rows(layer, name: str) -> list[tuple]:
+    """Rows of a LayerNorm (its bias only when it has one)."""
+    rows = [(name + ".weight", [(layer.gamma, (-1,))], False)]
+    if layer.beta is not None:
+        rows.append((name + ".bias", [(layer.beta, (-1,))], False))
+    return rows
+
+
+def _full_shape(variable, shape) -> tuple:
+    """`shape` with its -1 resolved for `variable`."""
+    size = int(np.prod(variable.shape))
+    known = int(np.prod([d for d in shape if d != -1]))
+    return tuple(size // known if d == -1 else d for d in shape)
+
+
+def load_rows(rows, get) -> None:
+    """Copies each row's checkpoint tensor (`get(name)`) into its variables.
+
+    Raises:
+        ValueError: a tensor whose shape the config does not describe (named).
+    """
+    for name, parts, transposed in rows:
+        value = get(name)
+        shapes = [_full_shape(v, s) for v, s in parts]
+        sizes = [s[-1] if transposed else s[0] for s in shapes]
+        if value.ndim == 0 or sum(sizes) != value.shape[0]:
+            raise ValueError(
+                f"Checkpoint weight {name!r} has shape {list(value.shape)}, but the "
+                f"model built from config.json expects {sum(sizes)} rows: config.json "
+                "does not describe these weights."
+            )
+        pieces = np.split(value, np.cumsum(sizes)[:-1])
+        for (variable, _), shape, piece in zip(parts, shapes, pieces):
+            assign(variable, piece, name, shape=shape, transpose=transposed)
+
+
+def export_rows(rows) -> dict[str, np.ndarray]:
+    """The checkpoint tensors of `rows` (inverse of `load_rows`)."""
+    return {
+        name: np.concatenate(
+            [fetch(v, shape=_full_shape(v, s), transpose=t) for v, s in parts]
+        )
+        for name, parts, t in rows
+    }

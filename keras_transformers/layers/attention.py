@@ -55,7 +55,9 @@ class MultiHeadAttention(keras.layers.Layer):
         norm_epsilon: epsilon of the `qk_norm` norms.
         dropout: dropout rate on attention probabilities.
         causal: mask future keys (decoder self-attention).
-        sliding_window: attend only to this many most recent positions.
+        sliding_window: causal: attend only to this many most recent
+            positions; not causal (an encoder): only to positions at most
+            `sliding_window // 2` away on either side.
         rope_max_wavelength: if set, rotary positions with this base are
             applied to queries and keys (see `process_heads`).
         rope_scaling_factor: rotary position interpolation factor.
@@ -342,14 +344,16 @@ class MultiHeadAttention(keras.layers.Layer):
             and self.sliding_window is None
             and attention_bias is None
         )
-        mask = None
+        mask, window = None, None
+        if causal or (self_attention and not self.causal):  # encoders: symmetric
+            window = self.sliding_window
         if not use_is_causal:
             mask = attention_mask(
                 ops.shape(q)[1],
                 ops.shape(k)[1],
                 key_padding_mask=key_padding_mask,
                 causal=causal,
-                sliding_window=self.sliding_window if causal else None,
+                sliding_window=window,
                 query_offset=offset,
                 key_positions=key_positions,
             )

@@ -42,7 +42,7 @@ class TransformerBlock(keras.layers.Layer):
         head_dim: H. Defaults to D // N.
         norm_position: "pre", "post", "sandwich", "output" or "parallel"
             (not with `cross_attention`).
-        norm_type: "layer" or "rms".
+        norm_type: "layer", "rms" or "layer_no_bias".
         norm_epsilon: epsilon of the norms.
         activation: feed-forward activation name.
         gated: gated (GLU) feed-forward.
@@ -58,7 +58,8 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout: dropout on attention probabilities.
         causal: causal self-attention (decoders).
         cross_attention: add an encoder-decoder attention sub-layer.
-        sliding_window: local causal attention span.
+        sliding_window: local attention span (causal: the most recent
+            positions; not causal: `sliding_window // 2` on either side).
         rope_max_wavelength: rotary base; None for no rotary positions.
         rope_scaling_factor: rotary position interpolation.
         rope_scaling: a Hugging Face rotary scaling dict (`llama3`, `yarn`,
@@ -71,6 +72,9 @@ class TransformerBlock(keras.layers.Layer):
             `MultiHeadAttention`'s `softcap`); None for none.
         attention_sinks: a learned sink logit per head in self-attention
             (see `MultiHeadAttention`'s `sinks`).
+        attention_norm: False: no norm before the self-attention (pre-norm
+            only; ModernBERT's first block, whose input is the embedding
+            norm's output).
         token_mixer: a layer that replaces the self-attention (it is called
             as `MultiHeadAttention` is, and owns its cache: `init_cache`);
             None builds a `MultiHeadAttention` from the arguments above.
@@ -131,6 +135,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_scale=None,
         attention_softcap=None,
         attention_sinks=False,
+        attention_norm=True,
         token_mixer=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
@@ -148,6 +153,12 @@ class TransformerBlock(keras.layers.Layer):
                 "feed-forward side by side, which leaves no place for "
                 "cross-attention: use another norm_position with "
                 "cross_attention=True."
+            )
+        if not attention_norm and norm_position != "pre":
+            raise ValueError(
+                "`attention_norm=False` (self-attention reads the block input as "
+                "is) needs norm_position='pre'. Received: "
+                f"norm_position={norm_position!r}"
             )
         store_arguments(self, locals(), skip=_OWN_SERIALISATION)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -192,8 +203,10 @@ class TransformerBlock(keras.layers.Layer):
         )
         if not self.self_attention.built:
             self.self_attention.build(input_shape)
-        self.self_attention_norm = norm("self_attention_norm")
-        self.self_attention_norm.build(input_shape)
+        self.self_attention_norm = None
+        if self.attention_norm:
+            self.self_attention_norm = norm("self_attention_norm")
+            self.self_attention_norm.build(input_shape)
         if self.cross_attention:
             self.cross_attention_layer = MultiHeadAttention(
                 name="cross_attention", **common
@@ -297,7 +310,8 @@ class TransformerBlock(keras.layers.Layer):
     ):
         new_cache = []
         given = {} if positions is None else {"positions": positions}
-        if memory is not None and self.norm_position not in ("post", "output"):
+        pre = self.norm_position not in ("post", "output")
+        if memory is not None and pre and self.self_attention_norm is not None:
             memory = call_layer(self.self_attention_norm, memory)
 
         def attend(h):

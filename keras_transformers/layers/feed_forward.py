@@ -123,9 +123,15 @@ class FeedForward(keras.layers.Layer):
 
 
 def make_norm(norm_type: str, epsilon: float, dtype=None, name=None):
-    """A LayerNorm (`"layer"`) or RMSNorm (`"rms"`); both compute in float32."""
+    """A LayerNorm (`"layer"`), one without bias (`"layer_no_bias"`) or an
+    RMSNorm (`"rms"`); all compute in float32."""
     if norm_type == "rms":
         return RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
-    if norm_type == "layer":
-        return LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
-    raise ValueError(f"Unknown norm_type {norm_type!r}. Expected 'layer' or 'rms'.")
+    if norm_type in ("layer", "layer_no_bias"):
+        center = norm_type == "layer"
+        return LayerNormalization(
+            epsilon=epsilon, center=center, dtype=dtype, name=name
+        )
+    raise ValueError(
+        f"Unknown norm_type {norm_type!r}. Expected 'layer', 'rms' or 'layer_no_bias'."
+    )

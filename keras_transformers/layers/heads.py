@@ -20,12 +20,14 @@ class MaskedLMHead(keras.layers.Layer):
     Args:
         vocabulary_size: V.
         activation: activation name of the transform ("gelu" for BERT).
-        norm_type: "layer" or "rms".
+        norm_type: "layer", "rms" or "layer_no_bias".
         norm_epsilon: epsilon of the norm.
         kernel_initializer: initializer of the transform kernel.
         embedding_dim: the transform's output width E, the token
             embedding's (factorised embeddings: ALBERT, ELECTRA's
             generator); None = the hidden width D.
+        transform_bias: a bias on the transform (ModernBERT's head has
+            none: `classifier_bias=False`).
 
     Call arguments:
         hidden: `[B, T, D]` final hidden states.
@@ -53,9 +55,11 @@ class MaskedLMHead(keras.layers.Layer):
         norm_epsilon=1e-12,
         kernel_initializer="glorot_uniform",
         embedding_dim=None,
+        transform_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.transform_bias = transform_bias
         self.vocabulary_size = vocabulary_size
         self.activation = activation
         self.norm_type = norm_type
@@ -67,6 +71,7 @@ class MaskedLMHead(keras.layers.Layer):
         dim = self.embedding_dim or hidden_shape[-1]
         self.transform = Dense(
             dim,
+            use_bias=self.transform_bias,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
             name="transform",
@@ -99,5 +104,6 @@ class MaskedLMHead(keras.layers.Layer):
             norm_epsilon=self.norm_epsilon,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             embedding_dim=self.embedding_dim,
+            transform_bias=self.transform_bias,
         )
         return config

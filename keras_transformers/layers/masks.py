@@ -26,8 +26,10 @@ def attention_mask(
         key_length: S, number of key positions.
         key_padding_mask: optional `[B, S]`, True/1 where the key is a real token.
         causal: queries attend only to keys at the same or earlier positions.
-        sliding_window: if set, queries attend only to the `sliding_window`
-            most recent positions (including their own). Needs `causal=True`.
+        sliding_window: if set, with `causal`, queries attend only to the
+            `sliding_window` most recent positions (including their own);
+            without (an encoder's sliding layers), to the keys at most
+            `sliding_window // 2` positions away on either side.
         query_offset: absolute position of the first query (an int or a
             scalar tensor; the KV-cache index when decoding).
         key_positions: `[S]` int, the absolute position of each key, for a
@@ -48,9 +50,12 @@ def attention_mask(
         if key_positions is not None:
             k_pos = ops.cast(key_positions, "int32")
         q_pos, k_pos = q_pos[:, None], k_pos[None, :]
-        mask = k_pos <= q_pos
-        if sliding_window is not None:
-            mask = ops.logical_and(mask, k_pos > q_pos - sliding_window)
+        if causal:
+            mask = k_pos <= q_pos
+            if sliding_window is not None:
+                mask = ops.logical_and(mask, k_pos > q_pos - sliding_window)
+        else:  # a symmetric window
+            mask = ops.abs(k_pos - q_pos) <= sliding_window // 2
         if key_positions is not None:
             mask = ops.logical_and(mask, k_pos >= 0)
         mask = mask[None, None, :, :]

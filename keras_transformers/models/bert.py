@@ -97,7 +97,9 @@ class BertBackbone(TextBackbone):
         token_ids, padding_mask, segment_ids = unpack_token_inputs(
             inputs, self.config, extra=("segment_ids",)
         )
-        x = self.embed(token_ids, segment_ids, training=training)  # [B, T, D]
+        x = self.embed(  # [B, T, D]
+            token_ids, segment_ids, training=training, padding_mask=padding_mask
+        )
         if self.disentangled is None:
             x = run_blocks(self.blocks, x, padding_mask, training=training)
         else:  # each block with its own position terms
@@ -142,6 +144,7 @@ class BertMaskedLM(TaskModel):
             norm_epsilon=c.norm_epsilon,
             kernel_initializer=initializer(c),
             embedding_dim=c.embedding_dim,
+            transform_bias=c.use_bias,
             dtype=self.dtype_policy,
             name="masked_lm_head",
         )

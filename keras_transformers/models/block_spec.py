@@ -18,7 +18,7 @@ from types import MappingProxyType
 import keras
 
 from keras_transformers.config import TransformerConfig
-from keras_transformers.config.layer_types import layer_settings, layer_type
+from keras_transformers.config.layer_types import layer_settings, layer_type, typed
 from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
 from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
@@ -34,7 +34,7 @@ class BlockSpec:
     Attributes:
         index: the block's position in its stack (0-based).
         layer_type: "full_attention", "sliding_attention" or
-            "no_rope_attention" (decoders; an encoder's blocks are
+            "no_rope_attention" (a seq2seq encoder's blocks are
             "full_attention").
         block: the `TransformerBlock` keyword arguments (read-only).
         moe: whether the feed-forward is the config's `SparseMoE`.
@@ -64,9 +64,10 @@ def block_spec(
     config: TransformerConfig, index: int, causal: bool = True, cross_attention=False
 ) -> BlockSpec:
     """The spec of block `index` of a stack of `config`: a causal one
-    (decoders: per-layer types and settings, MoE spacing) or not (encoders:
-    every block alike), with or without cross-attention."""
-    kind = layer_type(config, index) if causal else "full_attention"
+    (decoders: per-layer types and settings, MoE spacing) or not (an
+    encoder's: per-layer types, symmetric sliding windows; a seq2seq
+    encoder's: every block alike), with or without cross-attention."""
+    kind = layer_type(config, index) if typed(config, causal) else "full_attention"
     attention = layer_settings(config, index, causal)
     head_dim = config.resolved_head_dim
     fraction = attention["rotary_fraction"]
@@ -97,6 +98,7 @@ def block_spec(
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
         attention_sinks=config.attention_sinks,
+        attention_norm=index > 0 or config.first_attention_norm,
         kernel_initializer=initializer(config),
     )
     moe = causal and config.moe_layer(index)

@@ -128,13 +128,18 @@ class TextBackbone(ConfiguredModel):
         training=None,
         norm=None,
         positions=None,
+        padding_mask=None,
     ):
         """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states (embedded
         `embedding_dim` wide, then projected, with factorised embeddings).
         `norm` replaces `embedding_norm` (the seq2seq decoder has its own),
         `positions` replaces `position_embedding` (a seq2seq decoder's own
-        table, `separate_decoder_positions`)."""
+        table, `separate_decoder_positions`); `padding_mask` `[B, T]` counts
+        the real tokens for `token_dropout_mask_id`."""
         x = call_layer(self.token_embedding, token_ids)
+        mask_id = self.config.token_dropout_mask_id
+        if mask_id is not None:
+            x = token_dropout(x, token_ids, padding_mask, mask_id)
         positions = positions or self.position_embedding
         if positions is not None:
             x = x + call_layer(positions, x, start_index=start_index)
@@ -164,3 +169,31 @@ class TextBackbone(ConfiguredModel):
         if cap is not None:
             logits = keras.ops.tanh(logits / cap) * cap
         return logits
+
+
+# The fraction of tokens ESM masked in training (15%, 80% of them as <mask>).
+ESM_MASK_RATIO = 0.15 * 0.8
+
+
+def token_dropout(x, token_ids, padding_mask, mask_id: int):
+    """ESM's token dropout at inference: embeddings `x` `[B, T, E]` of the
+    `mask_id` tokens zeroed, all of a sequence scaled by `(1 - 0.12) / (1 -
+    r)`, r its masked tokens over its real ones (`padding_mask` `[B, T]`,
+    None: all real), as if the masks were input dropout.
+
+    Examples:
+        >>> x = keras.ops.ones((1, 4, 2))
+        >>> out = token_dropout(x, np.array([[5, 9, 5, 5]]), None, mask_id=9)
+        >>> [round(float(v), 4) for v in keras.ops.convert_to_numpy(out)[0, :, 0]]
+        [1.1733, 0.0, 1.1733, 1.1733]
+    """
+    ops = keras.ops
+    masked = ops.equal(token_ids, mask_id)  # [B, T]
+    if padding_mask is None:
+        real = ops.cast(ops.shape(token_ids)[1], "float32")
+    else:
+        real = ops.sum(ops.cast(padding_mask, "float32"), axis=-1)  # [B]
+    ratio = ops.sum(ops.cast(masked, "float32"), axis=-1) / real  # [B]
+    x = ops.where(masked[:, :, None], ops.zeros_like(x), x)
+    scale = ops.cast(1.0 - ratio, x.dtype)[:, None, None]
+    return x * ops.cast(1.0 - ESM_MASK_RATIO, x.dtype) / scale

@@ -10,7 +10,8 @@ checkpoints with a `tokenizer.json`, or with only a SentencePiece model
 read without the `sentencepiece` package, see `tokenizer.spm`), load with
 it (see :func:`load_hf_tokenizer`), BERT-family ones excepted: they get
 `keras_transformers.preprocessing.BertPreprocessor`, which gives the same
-ids and also runs inside `tf.data`.
+ids and also runs inside `tf.data`. ESM's protein `vocab.txt` loads as an
+:class:`EsmTokenizer` (`keras_transformers.tokenizer.esm`).
 
 :class:`BPETokenizer` is a thin wrapper around keras-hub's
 `keras_hub.tokenizers.BytePairTokenizer` layer: the layer does the work, in
@@ -67,6 +68,7 @@ from keras_transformers.tokenizer._common import (
     PathLike,
 )
 from keras_transformers.tokenizer.bpe import BPETokenizer, load_tokenizer
+from keras_transformers.tokenizer.esm import EsmTokenizer
 from keras_transformers.tokenizer.hf import HFTokenizer, load_hf_tokenizer
 from keras_transformers.tokenizer.train import train_bpe
 
@@ -77,6 +79,7 @@ __all__ = [
     "MERGES_FILENAME",
     "VOCAB_FILENAME",
     "BPETokenizer",
+    "EsmTokenizer",
     "HFTokenizer",
     "PathLike",
     "load_hf_tokenizer",

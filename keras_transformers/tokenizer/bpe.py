@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_transformers.tokenizer import spm
+from keras_transformers.tokenizer import esm, spm
 from keras_transformers.tokenizer._common import (
     DEFAULT_END_TOKEN,
     HF_TOKENIZER_FILENAME,
@@ -346,7 +346,8 @@ def load_tokenizer(directory: PathLike) -> BPETokenizer | HFTokenizer:
     `tokenizer.json`) load as a `BPETokenizer` (see
     `BPETokenizer.from_assets`); a directory with only a SentencePiece
     model (`tokenizer.model`, `spiece.model`, `sentencepiece.bpe.model`,
-    `spm.model`) as an `HFTokenizer` (see `HFTokenizer.from_assets`).
+    `spm.model`) as an `HFTokenizer` (see `HFTokenizer.from_assets`); ESM's
+    `vocab.txt` (`"tokenizer_class": "EsmTokenizer"`) as an `EsmTokenizer`.
 
     Args:
         directory: A directory, e.g. one written by `save_assets` or a
@@ -372,6 +373,8 @@ def load_tokenizer(directory: PathLike) -> BPETokenizer | HFTokenizer:
         raise FileNotFoundError(f"Directory '{directory}' does not exist.")
     if _has_assets(directory):
         return BPETokenizer.from_assets(directory)
+    if esm.is_esm_directory(directory):
+        return esm.EsmTokenizer.from_assets(directory)
     if spm.model_file(directory):
         return HFTokenizer.from_assets(directory)
     names = (
