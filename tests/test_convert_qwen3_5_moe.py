@@ -1,9 +1,9 @@
 """Hugging Face Qwen3.5-MoE conversion: a tiny random-init
 `Qwen3_5MoeForCausalLM` (a Gated DeltaNet layer and a gated full-attention
-layer, each with a sparse MoE of fused experts plus a gated shared expert)
+layer, each with a sparse MoE plus a gated shared expert)
 loads into the Mixtral classes with the same logits on a right-padded
-batch and the same cached greedy tokens, and exports back to the fused
-layout transformers loads with the same tensors; the config maps field by
+batch and the same cached greedy tokens, and exports back to the
+checkpoint layout transformers loads, with the same tensors; the config maps field by
 field; options we cannot express fail naming the option."""
 
 import json
@@ -121,7 +121,7 @@ def test_config_defaults_are_the_hf_class():
     [
         (dict(num_experts_per_tok=5), "num_experts_per_tok=5"),
         (dict(attention_bias=True), "attention_bias=True"),
-        (dict(moe_intermediate_size=10), "gate_up_proj.*shape"),
+        (dict(moe_intermediate_size=10), "experts.0.gate_proj.*shape"),
     ],
 )
 def test_errors_name_the_problem(hf_dir, tmp_path, changes, match):
@@ -131,7 +131,7 @@ def test_errors_name_the_problem(hf_dir, tmp_path, changes, match):
 
 
 def test_export_round_trip(hf_dir, tmp_path):
-    """HF -> ours -> export gives back `save_pretrained`'s (fused) tensors,
+    """HF -> ours -> export gives back `save_pretrained`'s tensors,
     and transformers loads the export with the same logits."""
     lm = keras_transformers.from_preset(hf_dir)
     export_hf(lm, tmp_path)

@@ -6,10 +6,11 @@ as `MixtralBackbone`. The token mixers, norms and config keys are Qwen3.5's
 (`keras_transformers.convert.qwen3_5`: Gated DeltaNet "linear_attention"
 layers, gated full attention, norms stored as offsets from 1); every
 layer's feed-forward is a sparse MoE with Qwen2-MoE's gated shared expert
-(`keras_transformers.convert.qwen2_moe`): router `mlp.gate`, transformers
-5's fused `mlp.experts.gate_up_proj` `[E, 2F, D]` / `down_proj` `[E, D,
-F]` (per-expert tensors load too; export writes the fused layout),
-`mlp.shared_expert.{gate,up,down}_proj` and `mlp.shared_expert_gate`. The
+(`keras_transformers.convert.qwen2_moe`): router `mlp.gate`, experts
+`mlp.experts.{e}.{gate,up,down}_proj` as `save_pretrained` writes them
+(transformers 5's fused in-memory `mlp.experts.gate_up_proj` / `down_proj`
+load too), `mlp.shared_expert.{gate,up,down}_proj` and
+`mlp.shared_expert_gate`. The
 top-k router weights are always renormalised
 (`moe.normalize_router_weights`).
 
@@ -29,8 +30,7 @@ from functools import partial
 
 import numpy as np
 
-from keras_transformers.convert import llama, mixtral, qwen2_moe, qwen3_5
-from keras_transformers.convert.common import export_layer, fetch
+from keras_transformers.convert import mixtral, qwen2_moe, qwen3_5
 from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
 from keras_transformers.registry import register_converter
 
@@ -90,19 +90,6 @@ def preset_data(hf: dict) -> dict:
     return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
 
 
-def export_feed_forward(out: dict, block, prefix: str) -> None:
-    """A block's MoE under transformers 5's fused names (inverse of
-    `qwen2_moe.load_feed_forward`)."""
-    moe, name = block.feed_forward, prefix + "mlp."
-    out[name + "gate.weight"] = fetch(moe.router_kernel, transpose=True)
-    gate_up = fetch(moe.expert_gate_up).transpose(0, 2, 1)  # [E, 2F, D]
-    out[name + "experts.gate_up_proj"] = np.ascontiguousarray(gate_up)
-    down = fetch(moe.expert_down).transpose(0, 2, 1)  # [E, D, F]
-    out[name + "experts.down_proj"] = np.ascontiguousarray(down)
-    llama.export_mlp(out, moe.shared_experts, name + "shared_expert")
-    export_layer(out, moe.shared_gate, name + "shared_expert_gate", transpose=True)
-
-
 load_weights = partial(
     qwen3_5.load_weights,
     model_type=MODEL_TYPE,
@@ -112,7 +99,7 @@ load_weights = partial(
 
 def export_weights(backbone) -> dict[str, np.ndarray]:
     """The backbone's weights under Qwen3_5MoeForCausalLM names."""
-    return qwen3_5.export_weights(backbone, feed_forward=export_feed_forward)
+    return qwen3_5.export_weights(backbone, feed_forward=qwen2_moe.export_feed_forward)
 
 
 def hf_config(config) -> dict:
