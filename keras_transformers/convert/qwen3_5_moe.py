@@ -44,7 +44,7 @@ PREFIXES = qwen3_5.PREFIXES
 PROBE = qwen3_5.PROBE
 # Qwen3_5MoeTextConfig's defaults where they differ from Llama's.
 DEFAULTS = dict(
-    qwen3_5.DEFAULTS,
+    {k: v for k, v in qwen3_5.DEFAULTS.items() if k != "intermediate_size"},
     hidden_size=2048,
     num_hidden_layers=40,
     num_key_value_heads=2,
