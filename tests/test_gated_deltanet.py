@@ -167,3 +167,25 @@ def test_config_round_trips():
     config = _config()
     assert TransformerConfig.from_dict(config.to_dict()) == config
     assert config.replace(conv_kernel_size=2).linear_attention.conv_kernel_size == 2
+
+
+def test_mixed_precision_keeps_the_state_in_float32():
+    """Under `mixed_bfloat16`, a block with a Gated DeltaNet computes in
+    bfloat16 but its cached state stays float32 from step to step."""
+    from keras_transformers.layers import TransformerBlock
+
+    mixer = GatedDeltaNet(**LAYER, dtype="mixed_bfloat16", name="self_attention")
+    block = TransformerBlock(
+        num_heads=2,
+        intermediate_dim=16,
+        token_mixer=mixer,
+        dtype="mixed_bfloat16",
+    )
+    x = np.random.default_rng(6).normal(size=(2, 3, 16)).astype("float32")
+    x = keras.ops.cast(x, "bfloat16")  # as the embeddings give it
+    block.build((None, None, 16))
+    cache = block.init_cache(2, 8, "bfloat16")
+    out, cache = block(x, cache=cache, cache_index=0)
+    out, cache = block(x[:, :1], cache=cache, cache_index=3)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(cache[1].dtype) == "float32"

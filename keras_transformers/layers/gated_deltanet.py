@@ -216,10 +216,17 @@ class GatedDeltaNet(keras.layers.Layer):
                 f"num_key_heads={num_key_heads}, num_value_heads={num_value_heads}"
             )
         store_arguments(self, locals(), skip=("kernel_initializer",))
+        # The cache's state stays float32 under mixed precision: Keras
+        # would cast floating call arguments to the compute dtype (the
+        # variables are cast where they are read).
+        self.autocast = False
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.key_dim = num_key_heads * key_head_dim
         self.value_dim = num_value_heads * value_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
+
+    # A `TransformerBlock` holding this mixer passes its cache on uncast.
+    float32_state = True
 
     def _dense(self, units, name):
         return Dense(
@@ -271,7 +278,8 @@ class GatedDeltaNet(keras.layers.Layer):
     def init_cache(self, batch_size, max_length, dtype):
         """A zero cache (its size does not depend on `max_length`):
         `(conv_state [B, K-1, C], state [B, Hv, Dk, Dv])`, the state in
-        float32."""
+        float32 (also under mixed precision: this layer and a block holding
+        it keep their call arguments' dtypes, see `float32_state`)."""
         conv = (batch_size, self.conv_kernel_size - 1, self.conv_dim)
         state = (batch_size, self.num_value_heads, self.key_head_dim)
         state += (self.value_head_dim,)
@@ -315,7 +323,7 @@ class GatedDeltaNet(keras.layers.Layer):
                 "GatedDeltaNet has no segment memory (`memory`): its state is "
                 "the memory; decode with `cache` instead."
             )
-        x = query
+        x = ops.cast(query, self.compute_dtype)
         if key_padding_mask is not None and cache is None:
             x = x * ops.cast(key_padding_mask, x.dtype)[..., None]
         conv_state, state = (None, None) if cache is None else cache
@@ -339,6 +347,7 @@ class GatedDeltaNet(keras.layers.Layer):
         if state is None:
             shape = ops.shape(q)
             state = ops.zeros((shape[0], hv, self.key_head_dim, self.value_head_dim))
+        state = ops.cast(state, "float32")
         if cache is not None and query.shape[1] == 1:  # decoding: one token
             out, state = recurrent_delta_rule(q, k, v, g, beta, state)
         else:
