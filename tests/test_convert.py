@@ -210,7 +210,8 @@ def test_export_rejects_unrepresentable(tmp_path):
             "gpt2",
             dict(model_type="gpt3"),
             "Supported model types: \\['gemma', 'gemma2', 'gemma3_text', 'gpt2', 'gpt_neox', "
-            "'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'smollm3'\\] \\(gpt\\)",
+            "'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', "
+            "'qwen3_5_text', 'smollm3'\\] \\(gpt\\)",
         ),
         ("llama", dict(hidden_act="gelu"), "hidden_act"),
         ("llama", dict(attention_bias=True), "mlp_bias"),

@@ -77,6 +77,11 @@ PUBLISHED = {
     # published config.json under torch.device("meta"), numel summed.
     "qwen1.5_moe_a2.7b": (14_315_784_192, 1e-12),
     "qwen3_30b_a3b": (30_532_122_624, 1e-12),
+    # Exact: transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM built
+    # from Qwen3_5TextConfig() / Qwen3_5MoeTextConfig() (the 9B and
+    # 35B-A3B text models) under torch.device("meta"), numel summed.
+    "qwen3.5_9b": (8_953_803_264, 1e-12),
+    "qwen3.5_35b_a3b": (34_660_610_688, 1e-12),
     # Exact: transformers' DebertaV2Model built from the published
     # config.json under torch.device("meta"), numel summed (184M, 141M, 71M).
     "deberta_v3_base": (183_831_552, 1e-12),

@@ -1,7 +1,8 @@
 """The one configuration schema shared by every family.
 
 The package: `schema` (`TransformerConfig`), `groups` (its option groups:
-`MoEConfig`, `VisionConfig`, `DisentangledConfig`), `layer_types` (per-layer
+`MoEConfig`, `VisionConfig`, `DisentangledConfig`,
+`LinearAttentionConfig`), `layer_types` (per-layer
 types and settings), `validation` (the checks and their messages),
 `serialization` (dicts both ways) and `param_count` (closed-form counts).
 
@@ -56,6 +57,9 @@ Glossary (ours -> paper / Hugging Face):
 ``remat``               gradient_checkpointing (HF: a training argument)
 ``memory_length``       mem_len (Transformer-XL)
 ``clamp_len``           clamp_len (Transformer-XL)
+``attention_output_gate`` Qwen3-Next / Qwen3.5's gate half of q_proj (attn_output_gate)
+``linear_attention.*``  linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+                        linear_value_head_dim, linear_conv_kernel_dim (Qwen3-Next, Qwen3.5)
 =====================  ==========================================================
 """
 
@@ -64,9 +68,16 @@ from keras_transformers.config.groups import (  # noqa: F401 (public names)
     DISPATCH_MODES,
     POOLINGS,
     DisentangledConfig,
+    LinearAttentionConfig,
     MoEConfig,
     VisionConfig,
 )
 from keras_transformers.config.schema import TransformerConfig
 
-__all__ = ["TransformerConfig", "MoEConfig", "VisionConfig", "DisentangledConfig"]
+__all__ = [
+    "TransformerConfig",
+    "MoEConfig",
+    "VisionConfig",
+    "DisentangledConfig",
+    "LinearAttentionConfig",
+]

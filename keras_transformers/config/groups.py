@@ -1,6 +1,7 @@
 """The option groups of `TransformerConfig`: the sparse mixture of experts
-(`moe`), image inputs (`vision`) and DeBERTa's disentangled attention
-(`disentangled`). Import them from `keras_transformers.config`."""
+(`moe`), image inputs (`vision`), DeBERTa's disentangled attention
+(`disentangled`) and the Gated DeltaNet of "linear_attention" layers
+(`linear_attention`). Import them from `keras_transformers.config`."""
 
 from __future__ import annotations
 
@@ -239,3 +240,47 @@ class DisentangledConfig(_Group):
     def scale_factor(self) -> int:
         """`1 + len(attention_terms)`: logits are divided by `sqrt(H * this)`."""
         return 1 + len(self.attention_terms)
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig(_Group):
+    """The Gated DeltaNet token mixer of a stack's "linear_attention" layers
+    (Qwen3-Next, Qwen3.5; see `keras_transformers.layers.GatedDeltaNet`):
+    query / key / value projections, a causal depthwise convolution with
+    SiLU, L2-normalised queries and keys, the gated delta rule (per-head
+    decay and write strength), an output gate and a gated RMSNorm.
+
+    Attributes:
+        num_key_heads: query / key heads (HF `linear_num_key_heads`).
+        num_value_heads: value heads, a multiple of `num_key_heads` (each
+            query / key head serves `num_value_heads // num_key_heads`
+            value heads; HF `linear_num_value_heads`).
+        key_head_dim: per-head query / key size (HF `linear_key_head_dim`).
+        value_head_dim: per-head value size (HF `linear_value_head_dim`).
+        conv_kernel_size: taps of the causal convolution (HF
+            `linear_conv_kernel_dim`).
+    """
+
+    num_key_heads: int = 16
+    num_value_heads: int = 32
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    conv_kernel_size: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("num_key_heads", "num_value_heads", "key_head_dim"):
+            _check_int(f"linear_attention.{name}", getattr(self, name), 1)
+        _check_int("linear_attention.value_head_dim", self.value_head_dim, 1)
+        _check_int("linear_attention.conv_kernel_size", self.conv_kernel_size, 1)
+        if self.num_value_heads % self.num_key_heads:
+            _fail(
+                "linear_attention.num_value_heads",
+                self.num_value_heads,
+                f"a multiple of linear_attention.num_key_heads={self.num_key_heads}",
+            )
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: queries, keys and values."""
+        keys = self.num_key_heads * self.key_head_dim
+        return 2 * keys + self.num_value_heads * self.value_head_dim

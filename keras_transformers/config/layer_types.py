@@ -7,7 +7,10 @@ the config's own); in an encoder a sliding layer's window is symmetric
 "sliding_attention" when the config has a `sliding_window` (Mistral: every
 layer slides), else "full_attention". A type may carry defaults of its
 own: "no_rope_attention" is full attention without rotary positions
-(SmolLM3's NoPE layers). Pure Python: the config validates with it before
+(SmolLM3's NoPE layers). A "linear_attention" layer is no attention at
+all: its token mixer is a Gated DeltaNet (the config's `linear_attention`
+group; Qwen3-Next, Qwen3.5), a recurrence whose decoding cache is a
+fixed-size state. Pure Python: the config validates with it before
 any framework is imported.
 
 Examples:
@@ -28,7 +31,14 @@ Examples:
 from __future__ import annotations
 
 # The kinds of layer a stack can have.
-LAYER_TYPES = ("full_attention", "sliding_attention", "no_rope_attention")
+LAYER_TYPES = (
+    "full_attention",
+    "sliding_attention",
+    "no_rope_attention",
+    "linear_attention",
+)
+# Types whose token mixer is a recurrence (a state, no attention).
+RECURRENT_TYPES = ("linear_attention",)
 # Settings a type has unless `layer_settings` says otherwise.
 TYPE_DEFAULTS = {"no_rope_attention": {"rotary": False}}
 # The settings a type may change, and what each is.
@@ -88,6 +98,14 @@ def layer_settings(config, index: int, causal: bool = True) -> dict:
     )
 
 
+def recurrent(config) -> bool:
+    """Whether a layer of `config`'s stack carries a recurrent state (a
+    "linear_attention" layer): decoding then must feed it real tokens
+    only, in order (no position can be written twice)."""
+    types = config.layer_types or ()
+    return any(kind in RECURRENT_TYPES for kind in types)
+
+
 def sliding_windows(config) -> list:
     """Each layer's sliding window (None: full attention) in a decoder."""
     return [
@@ -110,6 +128,19 @@ def check_layer_types(config, fail) -> None:
                 f"a list of num_layers={config.num_layers} entries, each one of "
                 f"{LAYER_TYPES}",
             )
+    linear = types is not None and "linear_attention" in types
+    if linear and config.linear_attention is None:
+        fail(
+            "linear_attention",
+            None,
+            "a LinearAttentionConfig: layer_types has 'linear_attention' layers",
+        )
+    if not linear and config.linear_attention is not None:
+        fail(
+            "linear_attention",
+            config.linear_attention,
+            "None unless layer_types has 'linear_attention' entries",
+        )
     if settings is None:
         return
     if not isinstance(settings, dict) or any(k not in LAYER_TYPES for k in settings):
@@ -155,7 +186,9 @@ __all__ = [
     "TYPE_DEFAULTS",
     "check_layer_types",
     "check_windows",
+    "RECURRENT_TYPES",
     "layer_settings",
+    "recurrent",
     "layer_type",
     "sliding_windows",
     "typed",

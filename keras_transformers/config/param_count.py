@@ -54,7 +54,10 @@ def count_params(config, active: bool) -> int:
             moe = config.moe_layer(i)
             ffn = _moe_params(config, active) if moe else _ffn_params(config)
             ffn += scale
-            total += attention + 2 * per_branch + ffn
+            mixer = attention
+            if config.layer_types and config.layer_types[i] == "linear_attention":
+                mixer = _linear_attention_params(config) + scale
+            total += mixer + 2 * per_branch + ffn
         if config.final_norm:
             total += norm
         if not config.first_attention_norm:
@@ -83,7 +86,23 @@ def _attention_params(config) -> int:
         biases -= kv
     qk_norm = {True: 2 * h, "projection": q + kv, False: 0}[config.qk_norm]
     sinks = config.num_heads if config.attention_sinks else 0
-    return weights + biases + qk_norm + sinks
+    gate = 0
+    if config.attention_output_gate:  # [D, N * H] (+ [N * H] as the query's)
+        gate = d * q + (q if config.use_bias or config.qkv_bias else 0)
+    return weights + biases + qk_norm + sinks + gate
+
+
+def _linear_attention_params(config) -> int:
+    """A Gated DeltaNet (`linear_attention` group): the query / key / value
+    projection `[D, C]`, the depthwise convolution `[K, C]`, the output
+    gate `[D, V * Hv]`, write strength and decay projections `[D, V]` each,
+    the per-head `dt_bias` and `A_log` `[V]`, the gated norm `[Hv]` and the
+    output projection `[V * Hv, D]` (no biases)."""
+    group, d = config.linear_attention, config.hidden_dim
+    values = group.num_value_heads * group.value_head_dim
+    conv = group.conv_dim * (d + group.conv_kernel_size)
+    heads = group.num_value_heads
+    return conv + 2 * d * values + 2 * d * heads + 2 * heads + group.value_head_dim
 
 
 def _disentangled_params(config, norm: int) -> int:

@@ -11,6 +11,7 @@ from keras_transformers.config.groups import (  # noqa: F401 (public names)
     DISPATCH_MODES,
     POOLINGS,
     DisentangledConfig,
+    LinearAttentionConfig,
     MoEConfig,
     VisionConfig,
 )
@@ -158,6 +159,10 @@ class TransformerConfig(_Group):
         attention_sinks: a learned logit per query head (`sinks [N]`) joins
             each query's attention scores as one more column before the
             softmax, which is dropped after it (gpt-oss).
+        attention_output_gate: self-attention's output (per head, before the
+            output projection) times `sigmoid(x @ W_gate)`, a gate projected
+            from the block input as the queries are (Qwen3-Next, Qwen3.5:
+            the second half of each head of `q_proj`).
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -169,6 +174,9 @@ class TransformerConfig(_Group):
             "encoder_decoder", the decoder start token.
         eos_token_id: id that ends generation (None if unused).
         moe: sparse mixture-of-experts group (None = dense feed-forward).
+        linear_attention: the Gated DeltaNet of the "linear_attention"
+            layers (a `LinearAttentionConfig`; decoders whose `layer_types`
+            name that type); None = no such layers.
         disentangled: DeBERTa's disentangled attention (a `DisentangledConfig`)
             of `position_embedding="disentangled"` (encoders: no absolute
             positions, relative ones in every self-attention); None there
@@ -234,6 +242,7 @@ class TransformerConfig(_Group):
     attention_softcap: float | None = None
     logit_softcap: float | None = None
     attention_sinks: bool = False
+    attention_output_gate: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -243,6 +252,7 @@ class TransformerConfig(_Group):
     eos_token_id: int | None = None
     token_dropout_mask_id: int | None = None
     moe: MoEConfig | None = field(default=None)
+    linear_attention: LinearAttentionConfig | None = field(default=None)
     vision: VisionConfig | None = field(default=None)
     disentangled: DisentangledConfig | None = field(default=None)
     embedding_dim: int | None = None
@@ -300,6 +310,7 @@ class TransformerConfig(_Group):
             "separate_decoder_positions",
             "remat",
             "attention_sinks",
+            "attention_output_gate",
         ):
             _check_bool(name, getattr(self, name))
         if self.separate_decoder_positions and (
@@ -342,7 +353,9 @@ class TransformerConfig(_Group):
                 and value >= self.vocabulary_size
             ):
                 _fail(name, value, f"< vocabulary_size={self.vocabulary_size}")
-        for group, cls in (("moe", MoEConfig), ("vision", VisionConfig)):
+        groups = (("moe", MoEConfig), ("vision", VisionConfig))
+        groups += (("linear_attention", LinearAttentionConfig),)
+        for group, cls in groups:
             value = getattr(self, group)
             if value is not None and not isinstance(value, cls):
                 how = f"{cls.__name__}(**{group})" if isinstance(value, dict) else None
@@ -384,6 +397,7 @@ class TransformerConfig(_Group):
             "moe": MoEConfig,
             "vision": VisionConfig,
             "disentangled": DisentangledConfig,
+            "linear_attention": LinearAttentionConfig,
         }
 
     # ----------------------------------------------------------- derived values

@@ -28,7 +28,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.config.layer_types import sliding_windows
+from keras_transformers.config.layer_types import recurrent, sliding_windows
 from keras_transformers.generation import stop_strings as stop_strings_module
 from keras_transformers.generation.config import generation_config, resolve_sampler
 from keras_transformers.generation.loop import (
@@ -64,15 +64,16 @@ def _prefix_length(config, min_length, length):
     positions past a row's prompt hold garbage until the loop writes them,
     which causal attention never reads early. A sliding-window ring cache
     must see only real tokens (a slot written past a row's prompt would
-    read as an earlier position), so it prefills a bucketed prefix of the
-    shortest prompt rounded down; the loop then feeds the
+    read as an earlier position), and so must a recurrent state
+    ("linear_attention" layers: a token once folded in stays), so these
+    prefill a bucketed prefix of the shortest prompt rounded down; the loop then feeds the
     remaining prompt tokens one by one, starting at position `prefix + 1`.
     Static lengths: one compiled program per bucket. Eager loops (PyTorch)
     have no program to share: they prefill exactly the shortest prompt, as
     Hugging Face does."""
     if backend.eager_loops():
         return min_length
-    if not any(sliding_windows(config)):
+    if not any(sliding_windows(config)) and not recurrent(config):
         prefix = -(-min_length // BUCKET) * BUCKET
         return None if prefix >= length else prefix
     return (min_length - 1) // BUCKET * BUCKET
@@ -99,7 +100,7 @@ def _covers_start(prefix, start):
     """Whether the prefill reaches the position before `start`: then its
     logits there choose position `start` and the loop begins one later
     (no decoding step recomputes the last prompt token). Not for a
-    sliding window's shorter prefix (see `_prefix_length`)."""
+    sliding window's (or a recurrent state's) shorter prefix (see `_prefix_length`)."""
     return prefix is None or prefix >= start
 
 

@@ -5,6 +5,7 @@ from keras_transformers.layers.block import TransformerBlock
 from keras_transformers.layers.disentangled import DisentangledAttention
 from keras_transformers.layers.embeddings import TokenEmbedding
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
+from keras_transformers.layers.gated_deltanet import GatedDeltaNet
 from keras_transformers.layers.heads import MaskedLMHead
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.moe import SparseMoE
@@ -20,6 +21,7 @@ from keras_transformers.layers.positions import (
 __all__ = [
     "DisentangledAttention",
     "FeedForward",
+    "GatedDeltaNet",
     "MaskedLMHead",
     "MultiHeadAttention",
     "PatchEmbedding",

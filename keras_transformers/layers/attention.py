@@ -74,6 +74,10 @@ class MultiHeadAttention(keras.layers.Layer):
             `sinks [N]`, joins each query's scores as one more column before
             the softmax and is dropped after it (the probabilities of the
             real keys then sum to less than one). Attention is then explicit.
+        output_gate: multiply each head's attention output by
+            `sigmoid(query @ W_gate)`, `W_gate [D, N, H]` (the `output_gate`
+            projection, with a bias as the query's), before the output
+            projection (Qwen3-Next, Qwen3.5's gated attention).
         fused: use fused attention (`keras.ops.dot_product_attention`, or
             torch's SDPA with native GQA). None (default) picks it unless
             attention dropout is active, the backend would have to
@@ -151,6 +155,7 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_scale=None,
         softcap=None,
         sinks=False,
+        output_gate=False,
         fused=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
@@ -224,6 +229,10 @@ class MultiHeadAttention(keras.layers.Layer):
             else:  # [H] scales shared by the heads
                 norm.build((None, None, None, self.head_dim))
             setattr(self, name, norm)
+        self.gate_dense = None
+        if self.output_gate:  # [D, N, H], biased as the query
+            self.gate_dense = self._projection("output_gate", self.num_heads)
+            self.gate_dense.build(query_shape)
         self.sink_logits = None
         if self.sinks:  # [N], one logit per query head
             self.sink_logits = self.add_weight(
@@ -358,6 +367,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 key_positions=key_positions,
             )
         out = attend(self, q, k, v, mask, use_is_causal, training, attention_bias)
+        if self.gate_dense is not None:  # [B, T, N, H]
+            gate = ops.sigmoid(call_layer(self.gate_dense, query))
+            out = out * ops.cast(gate, out.dtype)
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
 

@@ -168,6 +168,11 @@ class TransformerBlock(keras.layers.Layer):
             token_mixer = keras.layers.deserialize(token_mixer)
         self.feed_forward = feed_forward
         self.token_mixer = token_mixer
+        if getattr(token_mixer, "float32_state", False):
+            # Keras casts floating call arguments to the compute dtype; a
+            # mixer's float32 recurrent state (its cache) must pass uncast
+            # (the block's own LayerScale weights are cast where read).
+            self.autocast = False
 
     def build(self, x_shape, encoder_outputs_shape=None):
         input_shape, encoder_shape = x_shape, encoder_outputs_shape

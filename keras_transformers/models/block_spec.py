@@ -20,6 +20,7 @@ import keras
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.layer_types import layer_settings, layer_type, typed
 from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
+from keras_transformers.layers.gated_deltanet import GatedDeltaNet
 from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
 
@@ -33,9 +34,9 @@ class BlockSpec:
 
     Attributes:
         index: the block's position in its stack (0-based).
-        layer_type: "full_attention", "sliding_attention" or
-            "no_rope_attention" (a seq2seq encoder's blocks are
-            "full_attention").
+        layer_type: "full_attention", "sliding_attention",
+            "no_rope_attention" or "linear_attention" (a seq2seq encoder's
+            blocks are "full_attention").
         block: the `TransformerBlock` keyword arguments (read-only).
         moe: whether the feed-forward is the config's `SparseMoE`.
     """
@@ -51,7 +52,7 @@ class BlockSpec:
         ff = moe_feed_forward(config, dtype) if self.moe else None
         remat = keras.RematScope("list_of_layers", layer_names=[name])
         with remat if config.remat else contextlib.nullcontext():
-            mixer = token_mixer(config, self.block, dtype)
+            mixer = token_mixer(config, self.block, dtype, self.layer_type)
             block = TransformerBlock(
                 **self.block, token_mixer=mixer, feed_forward=ff, dtype=dtype, name=name
             )
@@ -114,19 +115,37 @@ _ATTENTION_ARGUMENT = dict(
 )
 
 
-def token_mixer(config: TransformerConfig, block, dtype):
-    """The self-attention of a block with arguments `block` when the
-    default one does not fit: `PatchRotaryAttention` for 2-D rotary patch
+def token_mixer(config: TransformerConfig, block, dtype, kind: str = "full_attention"):
+    """The token mixer of a block of layer type `kind` with arguments
+    `block` when the default self-attention does not fit: a
+    `GatedDeltaNet` for "linear_attention" (the config's
+    `linear_attention` group), `PatchRotaryAttention` for 2-D rotary patch
     positions (`vision` with "rotary"), a `MultiHeadAttention` without key
-    bias for `key_bias=False`; None otherwise."""
+    bias for `key_bias=False` or with `attention_output_gate`; None
+    otherwise."""
+    if kind == "linear_attention":
+        group = config.linear_attention
+        return GatedDeltaNet(
+            num_key_heads=group.num_key_heads,
+            num_value_heads=group.num_value_heads,
+            key_head_dim=group.key_head_dim,
+            value_head_dim=group.value_head_dim,
+            conv_kernel_size=group.conv_kernel_size,
+            norm_epsilon=config.norm_epsilon,
+            kernel_initializer=block["kernel_initializer"],
+            dtype=dtype,
+            name="self_attention",
+        )
     patch_rotary = config.vision is not None and config.rotary
-    if not patch_rotary and config.key_bias:
+    if not patch_rotary and config.key_bias and not config.attention_output_gate:
         return None
     cls = PatchRotaryAttention if patch_rotary else MultiHeadAttention
     names = inspect.signature(MultiHeadAttention.__init__).parameters
     kwargs = {_ATTENTION_ARGUMENT.get(k, k): v for k, v in block.items()}
     kwargs = {k: v for k, v in kwargs.items() if k in names}
     kwargs["key_bias"] = None if config.key_bias else False  # None: as qkv_bias
+    if config.attention_output_gate:
+        kwargs["output_gate"] = True
     return cls(**kwargs, dtype=dtype, name="self_attention")
 
 
