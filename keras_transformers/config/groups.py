@@ -284,3 +284,18 @@ class LinearAttentionConfig(_Group):
         """Channels of the convolution: queries, keys and values."""
         keys = self.num_key_heads * self.key_head_dim
         return 2 * keys + self.num_value_heads * self.value_head_dim
+
+
+def check_disentangled(config) -> None:
+    """The `disentangled` group: set (by default when None) exactly with
+    `position_embedding="disentangled"`, which only encoders have."""
+    group = config.disentangled
+    wanted = config.position_embedding == "disentangled"
+    if group is not None and not isinstance(group, DisentangledConfig):
+        _fail("disentangled", group, "a DisentangledConfig or None")
+    if group is not None and not wanted:
+        _fail("disentangled", group, 'None unless position_embedding="disentangled"')
+    if wanted and config.stacks != "encoder":
+        _fail("position_embedding", "disentangled", 'stacks="encoder"')
+    if wanted and group is None:
+        object.__setattr__(config, "disentangled", DisentangledConfig())

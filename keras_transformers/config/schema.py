@@ -14,6 +14,7 @@ from keras_transformers.config.groups import (  # noqa: F401 (public names)
     LinearAttentionConfig,
     MoEConfig,
     VisionConfig,
+    check_disentangled,
 )
 from keras_transformers.config.layer_types import check_layer_types, check_windows
 from keras_transformers.config.param_count import count_params
@@ -361,7 +362,8 @@ class TransformerConfig(_Group):
                 how = f"{cls.__name__}(**{group})" if isinstance(value, dict) else None
                 hint = f" (wrap the dict: {group}={how})" if how else ""
                 _fail(group, value, f"a {cls.__name__} or None{hint}")
-        self._check_disentangled()
+        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        check_disentangled(self)
         if self.rotary and self.resolved_head_dim % 2:
             _fail(
                 "head_dim",
@@ -371,25 +373,6 @@ class TransformerConfig(_Group):
         check_rotary_fraction(self, self.rotary_fraction, "rotary_fraction")
         if self.rope_scaling is not None:
             check_rope_scaling(self)
-
-    def _check_disentangled(self) -> None:
-        """`pooler_activation`, and the `disentangled` group: set (by default
-        when None) exactly with `position_embedding="disentangled"`, which
-        only encoders have."""
-        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
-        group, wanted = self.disentangled, self.position_embedding == "disentangled"
-        if group is not None and not isinstance(group, DisentangledConfig):
-            _fail("disentangled", group, "a DisentangledConfig or None")
-        if group is not None and not wanted:
-            _fail(
-                "disentangled",
-                group,
-                'None unless position_embedding="disentangled"',
-            )
-        if wanted and self.stacks != "encoder":
-            _fail("position_embedding", "disentangled", 'stacks="encoder"')
-        if wanted and group is None:
-            object.__setattr__(self, "disentangled", DisentangledConfig())
 
     @staticmethod
     def _groups():
