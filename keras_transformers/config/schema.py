@@ -14,7 +14,11 @@ from keras_transformers.config.groups import (  # noqa: F401 (public names)
     MoEConfig,
     VisionConfig,
 )
-from keras_transformers.config.layer_types import check_layer_types, check_windows
+from keras_transformers.config.layer_types import (
+    check_layer_inputs,
+    check_layer_types,
+    check_windows,
+)
 from keras_transformers.config.param_count import count_params
 from keras_transformers.config.rotary_checks import (
     check_layer_rotaries,
@@ -155,6 +159,9 @@ class TransformerConfig(_Group):
         attention_sinks: a learned logit per query head (`sinks [N]`) joins
             each query's attention scores as one more column before the
             softmax, which is dropped after it (gpt-oss).
+        value_norm, num_kv_shared_layers, kv_shared_intermediate_dim,
+            per_layer_input_dim, per_layer_vocabulary_size, layer_output_scale:
+            Gemma 4's knobs, see `keras_transformers.config.layer_types`.
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -227,6 +234,12 @@ class TransformerConfig(_Group):
     attention_softcap: float | None = None
     logit_softcap: float | None = None
     attention_sinks: bool = False
+    value_norm: bool = False
+    num_kv_shared_layers: int = 0
+    kv_shared_intermediate_dim: int | None = None
+    per_layer_input_dim: int | None = None
+    per_layer_vocabulary_size: int | None = None
+    layer_output_scale: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -316,6 +329,7 @@ class TransformerConfig(_Group):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         check_layer_types(self, _fail)
         check_windows(self, _fail)
+        check_layer_inputs(self, _fail)
         check_layer_rotaries(self)
         for name in ("attention_softcap", "logit_softcap"):
             if getattr(self, name) is not None:

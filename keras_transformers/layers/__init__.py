@@ -6,9 +6,11 @@ from keras_transformers.layers.disentangled import DisentangledAttention
 from keras_transformers.layers.embeddings import TokenEmbedding
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
 from keras_transformers.layers.heads import MaskedLMHead
+from keras_transformers.layers.kv_sharing import SharedKeyValues
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.moe import SparseMoE
 from keras_transformers.layers.patches import PatchEmbedding
+from keras_transformers.layers.per_layer_inputs import PerLayerInputGate, PerLayerInputs
 from keras_transformers.layers.pooling import TokenPooling
 from keras_transformers.layers.positions import (
     PositionEmbedding,
@@ -23,9 +25,12 @@ __all__ = [
     "MaskedLMHead",
     "MultiHeadAttention",
     "PatchEmbedding",
+    "PerLayerInputGate",
+    "PerLayerInputs",
     "PositionEmbedding",
     "RelativePositionBias",
     "RotaryEmbedding",
+    "SharedKeyValues",
     "SinusoidalPositionEncoding",
     "SparseMoE",
     "TokenPooling",

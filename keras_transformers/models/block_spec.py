@@ -18,7 +18,11 @@ from types import MappingProxyType
 import keras
 
 from keras_transformers.config import TransformerConfig
-from keras_transformers.config.layer_types import layer_settings, layer_type
+from keras_transformers.config.layer_types import (
+    kv_sharing,
+    layer_settings,
+    layer_type,
+)
 from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
 from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
@@ -38,12 +42,18 @@ class BlockSpec:
             "full_attention").
         block: the `TransformerBlock` keyword arguments (read-only).
         moe: whether the feed-forward is the config's `SparseMoE`.
+        attention: self-attention arguments beyond the block's (value
+            norms, values from keys, KV sharing; read-only), which then
+            build the block's `MultiHeadAttention` as its token mixer.
     """
 
     index: int
     layer_type: str
     block: MappingProxyType
     moe: bool
+    attention: MappingProxyType = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def build(self, config: TransformerConfig, name: str, dtype) -> TransformerBlock:
         """The block, built for `[B, T, hidden_dim]` inputs (under the
@@ -51,7 +61,7 @@ class BlockSpec:
         ff = moe_feed_forward(config, dtype) if self.moe else None
         remat = keras.RematScope("list_of_layers", layer_names=[name])
         with remat if config.remat else contextlib.nullcontext():
-            mixer = token_mixer(config, self.block, dtype)
+            mixer = token_mixer(config, self.block, dtype, self.attention)
             block = TransformerBlock(
                 **self.block, token_mixer=mixer, feed_forward=ff, dtype=dtype, name=name
             )
@@ -68,13 +78,15 @@ def block_spec(
     every block alike), with or without cross-attention."""
     kind = layer_type(config, index) if causal else "full_attention"
     attention = layer_settings(config, index, causal)
-    head_dim = config.resolved_head_dim
+    head_dim = attention["head_dim"] if causal else config.resolved_head_dim
     fraction = attention["rotary_fraction"]
     rotary_dim = None if fraction == 1.0 else int(head_dim * fraction)
     kwargs = dict(
         num_heads=config.num_heads,
         intermediate_dim=config.intermediate_dim,
-        num_kv_heads=config.resolved_num_kv_heads,
+        num_kv_heads=attention["num_kv_heads"]
+        if causal
+        else config.resolved_num_kv_heads,
         head_dim=head_dim,
         norm_position=config.norm_position,
         norm_type=config.norm_type,
@@ -97,10 +109,24 @@ def block_spec(
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
         attention_sinks=config.attention_sinks,
+        per_layer_input_dim=config.per_layer_input_dim if causal else None,
+        output_scale=config.layer_output_scale,
         kernel_initializer=initializer(config),
     )
+    store, reuse = kv_sharing(config, index) if causal else (None, None)
+    if reuse is not None and config.kv_shared_intermediate_dim:
+        kwargs["intermediate_dim"] = config.kv_shared_intermediate_dim
+    extra = dict(
+        value_norm=config.value_norm,
+        value_from_key=causal and attention["value_from_key"],
+        key_value_store=store,
+        key_value_reuse=reuse,
+    )
+    extra = {k: v for k, v in extra.items() if v}
     moe = causal and config.moe_layer(index)
-    return BlockSpec(index, kind, MappingProxyType(kwargs), moe)
+    return BlockSpec(
+        index, kind, MappingProxyType(kwargs), moe, MappingProxyType(extra)
+    )
 
 
 # A block argument -> its self-attention argument (None: the block's own).
@@ -112,19 +138,21 @@ _ATTENTION_ARGUMENT = dict(
 )
 
 
-def token_mixer(config: TransformerConfig, block, dtype):
+def token_mixer(config: TransformerConfig, block, dtype, extra=None):
     """The self-attention of a block with arguments `block` when the
     default one does not fit: `PatchRotaryAttention` for 2-D rotary patch
     positions (`vision` with "rotary"), a `MultiHeadAttention` without key
-    bias for `key_bias=False`; None otherwise."""
+    bias for `key_bias=False` or with the `extra` arguments (see
+    `BlockSpec.attention`); None otherwise."""
     patch_rotary = config.vision is not None and config.rotary
-    if not patch_rotary and config.key_bias:
+    if not patch_rotary and config.key_bias and not extra:
         return None
     cls = PatchRotaryAttention if patch_rotary else MultiHeadAttention
     names = inspect.signature(MultiHeadAttention.__init__).parameters
     kwargs = {_ATTENTION_ARGUMENT.get(k, k): v for k, v in block.items()}
     kwargs = {k: v for k, v in kwargs.items() if k in names}
     kwargs["key_bias"] = None if config.key_bias else False  # None: as qkv_bias
+    kwargs.update(extra or {})
     return cls(**kwargs, dtype=dtype, name="self_attention")
 
 
