@@ -151,12 +151,10 @@ def _full_overrides(hf: dict, types: list) -> dict:
         if hf.get("attention_k_eq_v") and hf.get("num_global_key_value_heads"):
             out["num_key_value_heads"] = hf["num_global_key_value_heads"]
     else:
+        # Keyed by layer index (transformers writes them zero-padded).
+        by_index = {int(i): dict(v or {}) for i, v in per_layer.items()}
         found = {
-            kind: [
-                dict(per_layer.get(str(i)) or per_layer.get(i) or {})
-                for i, k in enumerate(types)
-                if k == kind
-            ]
+            kind: [by_index.get(i, {}) for i, k in enumerate(types) if k == kind]
             for kind in (FULL, SLIDING)
         }
         same = all(o == found[FULL][0] for o in found[FULL]) if found[FULL] else True

@@ -63,7 +63,7 @@ class PerLayerInputs(keras.layers.Layer):
         store_arguments(self, locals(), skip=("embeddings_initializer",))
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
 
-    def build(self, ids_shape=None, x_shape=None):
+    def build(self, token_ids_shape=None, x_shape=None):
         width = self.num_layers * self.dim
         self.embedding = keras.layers.Embedding(
             self.vocabulary_size,
@@ -142,7 +142,7 @@ class PerLayerInputGate(keras.layers.Layer):
         store_arguments(self, locals(), skip=("kernel_initializer",))
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
-    def build(self, x_shape, input_shape=None):
+    def build(self, x_shape, per_layer_input_shape=None):
         d = x_shape[-1]
         dense = lambda units, name: Dense(  # noqa: E731
             units,
