@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from contracts import edited_hf_dir, randomize_weights, run_fit_test, run_layer_test
+from contracts import edited_hf_dir, randomize_weights, run_layer_test
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -85,10 +85,21 @@ TINY = {
         },
         hidden_size_per_layer_input=0,
     ),
+    # The MoE block: a dense feed-forward beside 4 experts (top 2).
+    "moe": dict(
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=16,
+        hidden_size_per_layer_input=0,
+    ),
 }
 KINDS = sorted(TINY)
-# The published text configs (text_config of google/gemma-4-E2B, -E4B and
-# -31B) and transformers' parameter counts of Gemma4ForCausalLM.
+# The published text configs (text_config of google/gemma-4-E2B, -E4B, -31B
+# and -26B-A4B) and transformers' parameter counts of Gemma4ForCausalLM.
 PUBLISHED = {
     "gemma4_e2b": (
         dict(
@@ -134,6 +145,27 @@ PUBLISHED = {
         ),
         30_697_345_280,
     ),
+    "gemma4_26b_a4b": (
+        dict(
+            hidden_size=2816,
+            num_hidden_layers=30,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_global_key_value_heads=2,
+            attention_k_eq_v=True,
+            intermediate_size=2112,
+            enable_moe_block=True,
+            num_experts=128,
+            top_k_experts=8,
+            moe_intermediate_size=704,
+            hidden_size_per_layer_input=0,
+            sliding_window=1024,
+            max_position_embeddings=262144,
+            use_bidirectional_attention="vision",
+            layer_types=([S] * 5 + [F]) * 5,
+        ),
+        25_233_141_760,
+    ),
 }
 
 
@@ -163,9 +195,9 @@ def test_causal_lm_logits_match(hf_dirs, kind):
     assert lm.backbone.config.num_params() == sum(
         p.numel() for p in theirs.parameters()
     )
-    # The constant block scales are weights, not parameters.
-    layers = lm.backbone.config.num_layers
-    assert lm.count_params() == lm.backbone.config.num_params() + layers
+    # The constant block scales (and router statistics) are not parameters.
+    trainable = sum(int(np.prod(w.shape)) for w in lm.trainable_weights)
+    assert trainable == lm.backbone.config.num_params()
 
 
 def test_greedy_generation_with_shared_key_values(hf_dirs):
@@ -220,24 +252,53 @@ def test_hub_keys_load_as_per_layer_config(hf_dirs, tmp_path):
     assert derived["layer_types"] == [S] * 5 + [F, S, F]
 
 
-def test_export_round_trip(hf_dirs, tmp_path):
-    lm = randomize_weights(keras_transformers.from_preset(hf_dirs["all"]), seed=1)
+@pytest.mark.parametrize("kind", ["all", "moe"])
+def test_export_round_trip(hf_dirs, tmp_path, kind):
+    lm = randomize_weights(keras_transformers.from_preset(hf_dirs[kind]), seed=1)
     export_hf(lm, tmp_path)  # gemma4_text by default (value norms, block scales)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "gemma4_text"
     ids, mask = padded_batch(VOCAB, LENGTH)
     ours = our_outputs(lm, ids, mask)
-    record("gemma4 export", ours, hf_outputs(reference(tmp_path), ids, mask), mask)
+    record(
+        f"gemma4 {kind} export", ours, hf_outputs(reference(tmp_path), ids, mask), mask
+    )
     back = keras_transformers.from_preset(tmp_path)
     assert back.config == lm.config
 
 
-def test_fit_and_layers(hf_dirs):
-    """Training steps run through the shared keys and values and the
-    per-layer inputs; the new layers serialise completely."""
-    lm = keras_transformers.from_preset(hf_dirs["all"])
-    ids, _ = padded_batch(VOCAB, LENGTH)
-    run_fit_test(lm, ids[:, :-1], ids[:, 1:], steps=1)
+def test_multimodal_checkpoint_loads_its_text_model(hf_dirs, tmp_path):
+    """A `gemma4` (Gemma4ForConditionalGeneration) directory: its
+    `text_config` and the tensors under `model.language_model.` load; a
+    vision tower's tensors are left (with a warning)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = hf_dirs["plain"]
+    tensors = {
+        "model.language_model." + k.removeprefix("model."): v
+        for k, v in load_file(src / "model.safetensors").items()
+    }
+    tensors["model.vision_tower.patch.weight"] = np.zeros((2, 2), "float32")
+    tmp_path.mkdir(exist_ok=True)
+    save_file(tensors, tmp_path / "model.safetensors")
+    text = json.loads((src / "config.json").read_text())
+    wrapper = dict(
+        model_type="gemma4",
+        architectures=["Gemma4ForConditionalGeneration"],
+        text_config=text,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(wrapper))
+    with pytest.warns(UserWarning, match="vision_tower"):
+        lm = keras_transformers.from_preset(tmp_path)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    expected = hf_outputs(reference(src), ids, mask)
+    record("gemma4 multimodal text", our_outputs(lm, ids, mask), expected, mask)
+    with pytest.raises(ValueError, match="model_type='gemma4_text'"):
+        export_hf(lm, tmp_path / "out", model_type="gemma4")
+
+
+def test_per_layer_input_layers():
+    """The per-layer input layers serialise completely."""
     x = np.ones((2, 3, 32), "float32")
     run_layer_test(
         PerLayerInputs,
@@ -269,7 +330,7 @@ def test_proportional_rotary_frequencies():
     "changes, match",
     [
         (dict(text_config={}), "multimodal.*not converted"),
-        (dict(enable_moe_block=True, num_experts=4), "enable_moe_block"),
+        (dict(enable_moe_block=True, num_experts=4), "top_k_experts"),
         (dict(use_bidirectional_attention="all"), "use_bidirectional_attention"),
         (dict(attention_bias=True), "attention_bias"),
         (dict(hidden_activation="relu"), "hidden_activation"),

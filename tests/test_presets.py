@@ -51,6 +51,7 @@ PUBLISHED = {
     "gemma4_e2b": (4_628_569_344, 1e-12),
     "gemma4_e4b": (7_463_013_376, 1e-12),
     "gemma4_31b": (30_697_345_280, 1e-12),
+    "gemma4_26b_a4b": (25_233_141_760, 1e-12),
     # Exact: transformers' GPTNeoXForCausalLM built from the published
     # config.json under torch.device("meta"), numel summed.
     "pythia_160m": (162_322_944, 1e-12),

@@ -144,6 +144,10 @@ def _moe_params(config, active: bool) -> int:
         moe.num_shared_experts * per_unit * (moe.shared_expert_intermediate_dim or f)
     )
     gate = d if moe.shared_expert_gate else 0
+    if moe.router_input_norm:  # router_scale [D], expert_scale [E]
+        router += d + moe.num_experts
+    if moe.dense_alongside:  # the dense feed-forward and three [D] norms
+        gate += _ffn_params(config) + 3 * d
     return router + experts * expert + shared + gate
 
 

@@ -17,30 +17,28 @@ sliding and full layers with a rotary each) with:
 - the last `num_kv_shared_layers` layers reusing the keys and values of
   the last earlier layer of their type (`num_kv_shared_layers`), with a
   twice-wide feed-forward there under `use_double_wide_mlp`;
-- a constant `layer_scalar` on each block's output (`layer_output_scale`).
+- a constant `layer_scalar` on each block's output (`layer_output_scale`);
+- the MoE block (`enable_moe_block`: `moe` with `router_input_norm` and
+  `dense_alongside`, see `keras_transformers.layers.moe_parallel`): the
+  dense GeGLU beside `num_experts` experts (top `top_k_experts`, width
+  `moe_intermediate_size`), tensors mapped in
+  `keras_transformers.convert.gemma4_weights`.
 
 The last layer is full attention, as transformers forces it. The
-multimodal wrapper (`model_type: "gemma4"`) is refused with a message:
-load its text model from a `Gemma4ForCausalLM` checkpoint (vision and audio
-towers are not converted). The MoE block (`enable_moe_block`) and
-`use_bidirectional_attention="all"` are refused as well.
+multimodal wrapper (`model_type: "gemma4"`, a `text_config`) is refused
+with a message: its vision and audio towers are not converted; save the
+text model as a `Gemma4ForCausalLM` checkpoint to load it.
+`use_bidirectional_attention="all"`, `attention_bias` and rotary types
+other than "default" and "proportional" are refused as well.
 """
 
 from __future__ import annotations
 
-from keras_transformers.convert.common import (
-    DECODER,
-    assign,
-    attention_parts,
-    check_exportable,
-    export_head,
-    export_layer,
-    fetch,
-    load_head,
-    load_layer,
-    special_ids,
-)
+from keras_transformers.config import MoEConfig
+from keras_transformers.convert import gemma4_weights
+from keras_transformers.convert.common import DECODER, check_exportable, special_ids
 from keras_transformers.convert.gemma2 import alternating
+from keras_transformers.convert.gemma4_weights import export_weights, load_weights
 from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
@@ -48,8 +46,8 @@ MODEL_TYPE = "gemma4_text"
 NAME = "Gemma4"
 BASE_ARCHITECTURE = "Gemma4TextModel"
 ARCHITECTURE = "Gemma4ForCausalLM"
-PREFIXES = ("model.", "")
-PROBE = "embed_tokens.weight"
+PREFIXES = gemma4_weights.PREFIXES
+PROBE = gemma4_weights.PROBE
 FULL, SLIDING = "full_attention", "sliding_attention"
 # Gemma4TextConfig's defaults.
 DEFAULTS = dict(
@@ -81,8 +79,6 @@ ROPE_DEFAULTS = {
     },
 }
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_approximate", "gelu": "gelu"}
-ATTENTION = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj"}
-MLP = {"gate_dense": "gate_proj", "inner_dense": "up_proj", "output_dense": "down_proj"}
 
 
 def _refuse(option: str, value, fix: str):
@@ -102,12 +98,11 @@ def _check(hf: dict) -> None:
             "vision and audio towers are not converted: load a text-only "
             "Gemma4ForCausalLM checkpoint (its text_config as config.json)",
         )
-    for option, fix in (
-        ("attention_bias", "only attention_bias=false converts"),
-        ("enable_moe_block", "the Gemma 4 MoE block does not convert yet"),
-    ):
-        if hf.get(option):
-            _refuse(option, hf[option], fix)
+    if hf.get("attention_bias"):
+        _refuse("attention_bias", True, "only attention_bias=false converts")
+    for option in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        if hf.get("enable_moe_block") and not hf.get(option):
+            _refuse(option, hf.get(option), "enable_moe_block needs it set")
     if hf.get("use_bidirectional_attention") == "all":
         _refuse("use_bidirectional_attention", "all", "only causal decoders convert")
     if hf["hidden_activation"] not in ACTIVATIONS:
@@ -205,6 +200,16 @@ def config_from_hf(hf: dict) -> dict:
     per_layer = hf.get("hidden_size_per_layer_input") or None
     vocab = hf["vocab_size"]
     cap = hf.get("final_logit_softcapping")
+    moe = None
+    if hf.get("enable_moe_block"):
+        moe = dict(
+            num_experts=hf["num_experts"],
+            num_experts_per_token=hf["top_k_experts"],
+            expert_intermediate_dim=hf["moe_intermediate_size"],
+            router_aux_loss_coef=0.0,
+            router_input_norm=True,
+            dense_alongside=True,
+        )
     return dict(
         vocabulary_size=vocab,
         num_layers=layers,
@@ -241,96 +246,13 @@ def config_from_hf(hf: dict) -> dict:
             hf["vocab_size_per_layer_input"] if per_layer else None
         ),
         layer_output_scale=True,
+        moe=moe,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         dropout=0.0,
         attention_dropout=float(hf.get("attention_dropout") or 0.0),
         initializer_range=float(hf.get("initializer_range", 0.02)),
         **special_ids(hf, vocab),
     )
-
-
-def _entries(backbone):
-    """The two-way name map: `(variable or layer, HF name, kernel shape,
-    transpose)` of every tensor, the same list for loading and export."""
-    out = [(backbone.token_embedding.embeddings, "embed_tokens.weight", None, False)]
-    ple = backbone.per_layer_inputs
-    if ple is not None:
-        out += [
-            (ple.embedding.embeddings, "embed_tokens_per_layer.weight", None, False),
-            (ple.projection, "per_layer_model_projection", None, True),
-            (ple.norm, "per_layer_projection_norm", None, False),
-        ]
-    for i, block in enumerate(backbone.blocks):
-        p = f"layers.{i}."
-        attention = block.self_attention
-        for role, (layer, shape) in _attention_parts(attention).items():
-            out.append((layer, f"{p}self_attn.{ATTENTION[role]}", shape, True))
-        out.append((attention.query_norm, p + "self_attn.q_norm", None, False))
-        if attention.key_norm is not None:
-            out.append((attention.key_norm, p + "self_attn.k_norm", None, False))
-        for layer, name in (
-            (block.self_attention_norm, "input_layernorm"),
-            (block.self_attention_post_norm, "post_attention_layernorm"),
-            (block.feed_forward_norm, "pre_feedforward_layernorm"),
-            (block.feed_forward_post_norm, "post_feedforward_layernorm"),
-        ):
-            out.append((layer, p + name, None, False))
-        for attr, name in MLP.items():
-            layer = getattr(block.feed_forward, attr)
-            out.append((layer, f"{p}mlp.{name}", None, True))
-        gate = block.per_layer_gate
-        if gate is not None:
-            out += [
-                (gate.gate, p + "per_layer_input_gate", None, True),
-                (gate.projection, p + "per_layer_projection", None, True),
-                (gate.norm, p + "post_per_layer_input_norm", None, False),
-            ]
-        out.append((block.output_scale_weight, p + "layer_scalar", None, False))
-    out.append((backbone.final_norm, "norm", None, False))
-    return out
-
-
-def _attention_parts(attention) -> dict:
-    """`attention_parts` less the projections a layer lacks (a KV-shared
-    layer's key and value, a layer with values from keys' value)."""
-    parts = attention_parts(attention) if attention.key_dense else None
-    if parts is None:
-        d = attention.query_dense.kernel.shape[0]
-        q = attention.num_heads * attention.head_dim
-        parts = {
-            "query": (attention.query_dense, (d, q)),
-            "output": (attention.output_dense, (q, d)),
-        }
-    return {role: part for role, part in parts.items() if part[0] is not None}
-
-
-def _is_variable(item) -> bool:
-    return not hasattr(item, "weights")
-
-
-def load_weights(backbone, checkpoint, require_head: bool) -> None:
-    """Copies a Gemma 4 text checkpoint into `backbone` (a `GPTBackbone`)."""
-    p = checkpoint.prefix(PREFIXES, PROBE, MODEL_TYPE)
-    get = checkpoint.get
-    for item, name, shape, transpose in _entries(backbone):
-        if _is_variable(item):
-            assign(item, get(p + name), p + name)
-        else:
-            load_layer(item, get, p + name, shape=shape, transpose=transpose)
-    load_head(backbone.token_embedding, checkpoint, require_head)
-
-
-def export_weights(backbone) -> dict:
-    """The backbone's weights under Gemma4ForCausalLM names."""
-    out = {}
-    for item, name, shape, transpose in _entries(backbone):
-        name = "model." + name
-        if _is_variable(item):
-            out[name] = fetch(item)
-        else:
-            export_layer(out, item, name, shape=shape, transpose=transpose)
-    export_head(out, backbone.token_embedding)
-    return out
 
 
 def _hf_rope(theta, scaling) -> dict:
@@ -365,6 +287,20 @@ def hf_config(config) -> dict:
         gated_feed_forward=True,
         use_bias=False,
     )
+    moe = config.moe
+    if moe is not None:
+        required["moe"] = MoEConfig(
+            num_experts=moe.num_experts,
+            num_experts_per_token=moe.num_experts_per_token,
+            expert_intermediate_dim=moe.expert_intermediate_dim,
+            router_aux_loss_coef=moe.router_aux_loss_coef,
+            router_z_loss_coef=moe.router_z_loss_coef,
+            router_jitter=moe.router_jitter,
+            capacity_factor=moe.capacity_factor,
+            dispatch=moe.dispatch,
+            router_input_norm=True,
+            dense_alongside=True,
+        )
     check_exportable(config, required, MODEL_TYPE)
     types = list(config.layer_types or [FULL] * config.num_layers)
     settings = config.layer_settings or {}
@@ -409,7 +345,10 @@ def hf_config(config) -> dict:
         "hidden_size_per_layer_input": config.per_layer_input_dim or 0,
         "vocab_size_per_layer_input": config.per_layer_vocabulary_size
         or config.vocabulary_size,
-        "enable_moe_block": False,
+        "enable_moe_block": moe is not None,
+        "num_experts": moe and moe.num_experts,
+        "top_k_experts": moe and moe.num_experts_per_token,
+        "moe_intermediate_size": moe and moe.expert_intermediate_dim,
         "initializer_range": config.initializer_range,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": config.bos_token_id,

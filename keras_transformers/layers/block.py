@@ -375,6 +375,8 @@ class TransformerBlock(keras.layers.Layer):
                 return out if cross_cache is None else out[0]
 
             x = self._residual(x, "cross_attention", cross, training)
+        if getattr(self.feed_forward, "reads_residual", False):
+            ff_kwargs["residual"] = x  # the sub-layer's input before its norm
         x = self._residual(x, "feed_forward", feed_forward, training)
         if self.per_layer_gate is not None:
             x = x + call_layer(self.per_layer_gate, x, per_layer_input)

@@ -24,6 +24,7 @@ from keras_transformers.config.layer_types import (
     layer_type,
 )
 from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
+from keras_transformers.layers.moe_parallel import DenseAndExperts, NormedRouterMoE
 from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
 
@@ -156,10 +157,15 @@ def token_mixer(config: TransformerConfig, block, dtype, extra=None):
     return cls(**kwargs, dtype=dtype, name="self_attention")
 
 
-def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
-    """The config's `SparseMoE` feed-forward."""
+def moe_feed_forward(config: TransformerConfig, dtype):
+    """The config's `SparseMoE` feed-forward (a `NormedRouterMoE` with
+    `moe.router_input_norm`; beside a dense one in `DenseAndExperts` with
+    `moe.dense_alongside`)."""
     moe = config.moe
-    return SparseMoE(
+    cls, extra = SparseMoE, {}
+    if moe.router_input_norm:
+        cls, extra = NormedRouterMoE, {"norm_epsilon": config.norm_epsilon}
+    experts = cls(
         num_experts=moe.num_experts,
         num_experts_per_token=moe.num_experts_per_token,
         intermediate_dim=moe.expert_intermediate_dim or config.intermediate_dim,
@@ -180,6 +186,18 @@ def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
         kernel_initializer=initializer(config),
         dtype=dtype,
         name="moe",
+        **extra,
+    )
+    if not moe.dense_alongside:
+        return experts
+    return DenseAndExperts(
+        config.intermediate_dim,
+        experts,
+        activation=config.activation,
+        norm_epsilon=config.norm_epsilon,
+        kernel_initializer=initializer(config),
+        dtype=dtype,
+        name="dense_and_experts",
     )
 
 
