@@ -188,10 +188,10 @@ def hf_dirs(tmp_path_factory):
 @pytest.mark.parametrize("kind", KINDS)
 def test_causal_lm_logits_match(hf_dirs, kind):
     ids, mask = padded_batch(VOCAB, LENGTH)
-    expected = hf_outputs(reference(hf_dirs[kind]), ids, mask)
+    theirs = reference(hf_dirs[kind])
+    expected = hf_outputs(theirs, ids, mask)
     lm = keras_transformers.from_preset(hf_dirs[kind])
     record(f"gemma4 {kind} logits", our_outputs(lm, ids, mask), expected, mask)
-    theirs = reference(hf_dirs[kind])
     assert lm.backbone.config.num_params() == sum(
         p.numel() for p in theirs.parameters()
     )

@@ -151,7 +151,7 @@ class PerLayerInputGate(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
-        self.gate = dense(self.dim, "gate")
+        self.gate = dense(self.dim, "input_gate")
         self.gate.build((None, None, d))
         self.projection = dense(d, "projection")
         self.projection.build((None, None, self.dim))
