@@ -12,6 +12,7 @@ counts."""
 
 import json
 
+import keras
 import numpy as np
 import pytest
 from contracts import edited_hf_dir, randomize_weights, run_layer_test
@@ -205,6 +206,24 @@ def test_greedy_generation_with_shared_key_values(hf_dirs):
     rolling (sliding) and full caches, 13 positions for a window of 4."""
     prompt = np.array([[5, 17, 42, 90, 3]], "int32")
     assert_greedy_matches(hf_dirs["all"], prompt, max_new_tokens=8)
+
+
+def test_cached_prefill_and_steps_equal_the_full_pass(hf_dirs):
+    """A 9-token cached prefill across the window, then single steps: the
+    shared layers read the producers' caches as the full pass reads their
+    keys."""
+    lm = keras_transformers.from_preset(hf_dirs["all"])
+    ids, _ = padded_batch(VOCAB, LENGTH)
+    cache = lm.backbone.init_cache(2, LENGTH)
+    logits, cache = lm.call_with_cache(ids[:, :9], cache, 0)
+    steps = [logits]
+    for i in range(9, LENGTH):
+        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        steps.append(logits)
+    steps = np.concatenate(
+        [np.asarray(keras.ops.convert_to_numpy(x)) for x in steps], 1
+    )
+    record("gemma4 cached steps", steps, our_outputs(lm, ids))
 
 
 def test_config_mapping(hf_dirs):
