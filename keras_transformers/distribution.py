@@ -76,9 +76,15 @@ def axis_sizes(config: TransformerConfig) -> dict:
     if moe is not None:  # dense layers (if any) and experts share the rule
         expert = moe.expert_intermediate_dim or mlp
         mlp = math.gcd(mlp, expert, moe.shared_expert_intermediate_dim or expert)
+    # Layer types with their own key/value heads (Gemma 4's full layers)
+    # share the split: the largest that divides every type's count.
+    kv_heads = math.gcd(
+        config.num_kv_heads or config.num_heads,
+        *(own.get("num_kv_heads", 0) for own in (config.layer_settings or {}).values()),
+    )
     return {
         "heads": config.num_heads,
-        "kv_heads": config.num_kv_heads or config.num_heads,
+        "kv_heads": kv_heads,
         "mlp": mlp,
         "vocab": config.vocabulary_size,
         "experts": moe.num_experts if moe else 1,

@@ -25,6 +25,13 @@ rotated pairs, and YaRN and LongRoPE also scale cos and sin by an
   and `long_factor` beyond it; cos and sin times
   `sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`.
 
+- `proportional` (Gemma 4's full-attention layers): the first
+  `int(partial_rotary_factor * d // 2)` pairs keep the default
+  frequencies of the whole head (`1 / base ** (2i / d)`), the others get
+  frequency 0 (they pass unrotated), all divided by `factor` (default 1).
+  The pairs are `(i, i + d/2)` of the whole head, unlike a partial rotary
+  that rotates the first features only.
+
 `scaling` is the Hugging Face dict (`rope_parameters`, or the older
 `rope_scaling`) without `rope_theta`. The arithmetic is float32 in
 transformers' order, so the angles agree to the last bit or two.
@@ -36,7 +43,15 @@ import math
 
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+ROPE_TYPES = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+    "longrope",
+    "dynamic",
+    "proportional",
+)
 _F32 = np.float32
 
 
@@ -101,6 +116,11 @@ def rotary_frequencies(
     if kind == "linear":
         _required(scaling, kind, "factor")
         return _default(rotary_dim, base) / _F32(scaling["factor"]), 1.0
+    if kind == "proportional":
+        pairs = int(float(scaling.get("partial_rotary_factor", 1.0)) * rotary_dim // 2)
+        inverse = np.zeros(rotary_dim // 2, _F32)
+        inverse[:pairs] = _default(rotary_dim, base)[:pairs]
+        return inverse / _F32(scaling.get("factor", 1.0)), 1.0
     if kind == "dynamic":  # at or within the original context
         _required(scaling, kind, "factor", "original_max_position_embeddings")
         return _default(rotary_dim, base), 1.0

@@ -46,6 +46,12 @@ PUBLISHED = {
     "gemma3_270m": (268_098_176, 1e-12),
     "gemma3_1b": (999_885_952, 1e-12),
     "gemma3_4b": (3_880_263_168, 1e-12),
+    # transformers' Gemma4ForCausalLM (text only) from the published
+    # text_config under torch.device("meta"), numel summed (tied head once).
+    "gemma4_e2b": (4_628_569_344, 1e-12),
+    "gemma4_e4b": (7_463_013_376, 1e-12),
+    "gemma4_31b": (30_697_345_280, 1e-12),
+    "gemma4_26b_a4b": (25_233_141_760, 1e-12),
     # Exact: transformers' GPTNeoXForCausalLM built from the published
     # config.json under torch.device("meta"), numel summed.
     "pythia_160m": (162_322_944, 1e-12),

@@ -46,6 +46,13 @@ class MoEConfig(_Group):
         glu_limit: clamped GLU (gpt-oss): the experts compute
             `act(min(gate, L)) * (clip(up, -L, L) + 1)` with `L = glu_limit`
             (gated experts only); None: `act(gate) * up`.
+        router_input_norm: the router reads its input RMS-normalised times
+            a learned `[D]` scale and `D**-0.5`, and a learned `[E]` scale
+            multiplies the top-k weights (Gemma 4; `NormedRouterMoE`).
+        dense_alongside: the dense feed-forward (`intermediate_dim`) runs
+            beside the experts, each branch with its own norms, the router
+            and experts reading the block's input (Gemma 4;
+            `DenseAndExperts`).
     """
 
     num_experts: int = 8
@@ -64,9 +71,13 @@ class MoEConfig(_Group):
     router_bias: bool = False
     expert_bias: bool = False
     glu_limit: float | None = None
+    router_input_norm: bool = False
+    dense_alongside: bool = False
 
     def __post_init__(self) -> None:
         _check_int("moe.num_experts", self.num_experts, 1)
+        _check_bool("moe.router_input_norm", self.router_input_norm)
+        _check_bool("moe.dense_alongside", self.dense_alongside)
         k, e = self.num_experts_per_token, self.num_experts
         _check_int("moe.num_experts_per_token", k, 1)
         if k > e:
@@ -299,3 +310,24 @@ def check_disentangled(config) -> None:
         _fail("position_embedding", "disentangled", 'stacks="encoder"')
     if wanted and group is None:
         object.__setattr__(config, "disentangled", DisentangledConfig())
+
+
+# The config's groups: field name -> its dataclass.
+GROUPS = {
+    "moe": MoEConfig,
+    "vision": VisionConfig,
+    "disentangled": DisentangledConfig,
+    "linear_attention": LinearAttentionConfig,
+}
+
+
+def check_group_types(config) -> None:
+    """Each group of `config` but `disentangled` (`check_disentangled`) is
+    None or its dataclass; a plain dict gets the fix in its message."""
+    for group, cls in GROUPS.items():
+        value = getattr(config, group)
+        if group == "disentangled" or value is None or isinstance(value, cls):
+            continue
+        how = f"{cls.__name__}(**{group})" if isinstance(value, dict) else None
+        hint = f" (wrap the dict: {group}={how})" if how else ""
+        _fail(group, value, f"a {cls.__name__} or None{hint}")

@@ -3,15 +3,35 @@
 A `TransformerConfig` describes its layers with `layer_types` (one entry
 per layer) and `layer_settings` (per type, the settings that differ from
 the config's own); in an encoder a sliding layer's window is symmetric
-(each token sees `sliding_window // 2` positions on either side). Without `layer_types`, every layer has one type:
-"sliding_attention" when the config has a `sliding_window` (Mistral: every
-layer slides), else "full_attention". A type may carry defaults of its
+(each token sees `sliding_window // 2` positions on either side). Without
+`layer_types`, every layer has one type: "sliding_attention" when the
+config has a `sliding_window` (Mistral: every layer slides), else
+"full_attention". A type may carry defaults of its
 own: "no_rope_attention" is full attention without rotary positions
 (SmolLM3's NoPE layers). A "linear_attention" layer is no attention at
 all: its token mixer is a Gated DeltaNet (the config's `linear_attention`
 group; Qwen3-Next, Qwen3.5), a recurrence whose decoding cache is a
-fixed-size state. Pure Python: the config validates with it before
-any framework is imported.
+fixed-size state.
+
+Config fields for layers that differ in what they read (Gemma 4):
+
+- `value_norm`: RMS-normalise each value head, without learned scales.
+- `num_kv_shared_layers`: the last this many decoder layers have no key or
+  value projections (nor cache): each reuses the keys and values of the
+  last earlier layer of its type (`kv_sharing`); 0: none.
+- `kv_shared_intermediate_dim`: the feed-forward width of those layers
+  (Gemma 4's `use_double_wide_mlp`: twice `intermediate_dim`); None:
+  `intermediate_dim`.
+- `per_layer_input_dim` (P) and `per_layer_vocabulary_size` (None:
+  `vocabulary_size`): per-layer input embeddings (Gemma 4's
+  `hidden_size_per_layer_input`, see
+  `keras_transformers.layers.per_layer_inputs`); None: none.
+- `layer_output_scale`: each block multiplies its output by a constant `[1]`
+  weight, loaded with the checkpoint, neither trained nor counted in
+  `num_params()` (Gemma 4's `layer_scalar` buffer).
+
+Pure Python: the config validates with it before any framework is
+imported.
 
 Examples:
     >>> from keras_transformers import TransformerConfig
@@ -49,6 +69,9 @@ SETTINGS = {
     "rope_scaling": "a Hugging Face rotary scaling dict, or None",
     "rotary": "rotary positions in this type's layers (True or False)",
     "rotary_fraction": "the part of each head that rotates (a number in (0, 1])",
+    "head_dim": "the head size H of this type's layers (an integer >= 1)",
+    "num_kv_heads": "key/value heads of this type's layers (a divisor of num_heads)",
+    "value_from_key": "values are the key projection's output (True or False)",
 }
 
 
@@ -71,9 +94,10 @@ def typed(config, causal: bool) -> bool:
 def layer_settings(config, index: int, causal: bool = True) -> dict:
     """The resolved attention settings of layer `index`: `sliding_window`
     (None for a full-attention layer), `rope_max_wavelength` (None without
-    rotary positions), `rope_scaling_factor`, `rope_scaling` and
-    `rotary_fraction`. The layers of a stack that is not `causal` are
-    typed only in an encoder (see `typed`)."""
+    rotary positions), `rope_scaling_factor`, `rope_scaling`,
+    `rotary_fraction`, `head_dim`, `num_kv_heads` and `value_from_key`. The
+    layers of a stack that is not `causal` are typed only in an encoder (see
+    `typed`)."""
     kind = layer_type(config, index) if typed(config, causal) else "full_attention"
     own = {
         **TYPE_DEFAULTS.get(kind, {}),
@@ -95,6 +119,9 @@ def layer_settings(config, index: int, causal: bool = True) -> dict:
         ),
         rope_scaling=own.get("rope_scaling", config.rope_scaling),
         rotary_fraction=float(own.get("rotary_fraction", config.rotary_fraction)),
+        head_dim=own.get("head_dim", config.resolved_head_dim),
+        num_kv_heads=own.get("num_kv_heads", config.resolved_num_kv_heads),
+        value_from_key=own.get("value_from_key", False),
     )
 
 
@@ -154,14 +181,93 @@ def check_layer_types(config, fail) -> None:
             fail(
                 f"layer_settings[{kind!r}]['sliding_window']", window, "an integer >= 1"
             )
-        if not isinstance(own.get("rotary", True), bool):
-            fail(f"layer_settings[{kind!r}]['rotary']", own["rotary"], "True or False")
+        for flag in ("rotary", "value_from_key"):
+            if not isinstance(own.get(flag, True), bool):
+                fail(f"layer_settings[{kind!r}][{flag!r}]", own[flag], "True or False")
+        for size in ("head_dim", "num_kv_heads"):
+            value = own.get(size, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(f"layer_settings[{kind!r}][{size!r}]", value, "an integer >= 1")
+        if config.num_heads % own.get("num_kv_heads", 1):
+            fail(
+                f"layer_settings[{kind!r}]['num_kv_heads']",
+                own["num_kv_heads"],
+                f"a divisor of num_heads={config.num_heads}",
+            )
         if kind == "no_rope_attention" and own.get("rotary") is True:
             fail(
                 "layer_settings['no_rope_attention']['rotary']",
                 True,
                 "False (layers with rotary positions are 'full_attention')",
             )
+
+
+def kv_sharing(config, index: int) -> tuple:
+    """`(store, reuse)` of layer `index` (each a layer type or None) with
+    `num_kv_shared_layers`: the last `num_kv_shared_layers` layers reuse the
+    keys and values of the last earlier layer of their type, which stores
+    them (see `keras_transformers.layers.kv_sharing`)."""
+    first = config.num_layers - config.num_kv_shared_layers
+    if not config.num_kv_shared_layers:
+        return None, None
+    kind = layer_type(config, index)
+    if index >= first:
+        return None, kind
+    later = [layer_type(config, i) for i in range(index + 1, first)]
+    return (None if kind in later else kind), None
+
+
+def check_layer_inputs(config, fail) -> None:
+    """Validates the per-layer inputs and the KV sharing of `config`."""
+    for name in ("value_norm", "layer_output_scale"):
+        if not isinstance(getattr(config, name), bool):
+            fail(name, getattr(config, name), "True or False")
+    for name in ("per_layer_input_dim", "per_layer_vocabulary_size"):
+        value = getattr(config, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            fail(name, value, "None or an integer >= 1")
+    if config.per_layer_input_dim is not None and config.stacks != "decoder":
+        fail(
+            "per_layer_input_dim",
+            config.per_layer_input_dim,
+            'None unless stacks="decoder"',
+        )
+    shared = config.num_kv_shared_layers
+    if (
+        isinstance(shared, bool)
+        or not isinstance(shared, int)
+        or not (0 <= shared < config.num_layers)
+    ):
+        fail(
+            "num_kv_shared_layers",
+            shared,
+            f"an integer in [0, num_layers={config.num_layers})",
+        )
+    if shared and (config.stacks != "decoder" or config.remat):
+        fail(
+            "num_kv_shared_layers", shared, '0 unless stacks="decoder" and remat=False'
+        )
+    first = config.num_layers - shared
+    producers = {layer_type(config, i) for i in range(first)}
+    for i in range(first, config.num_layers):
+        if layer_type(config, i) not in producers:
+            fail(
+                "num_kv_shared_layers",
+                shared,
+                f"a count that leaves a '{layer_type(config, i)}' layer before layer "
+                f"{i} to share its keys and values (or change layer_types)",
+            )
+    width = config.kv_shared_intermediate_dim
+    if width is not None and (
+        isinstance(width, bool) or not isinstance(width, int) or width < 1 or not shared
+    ):
+        fail(
+            "kv_shared_intermediate_dim",
+            width,
+            "None, or an integer >= 1 with num_kv_shared_layers > 0",
+        )
 
 
 def check_windows(config, fail) -> None:
@@ -184,11 +290,13 @@ __all__ = [
     "LAYER_TYPES",
     "SETTINGS",
     "TYPE_DEFAULTS",
+    "check_layer_inputs",
     "check_layer_types",
     "check_windows",
     "RECURRENT_TYPES",
     "layer_settings",
     "recurrent",
+    "kv_sharing",
     "layer_type",
     "sliding_windows",
     "typed",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from keras_transformers.config.layer_types import kv_sharing, layer_settings
+
 
 def count_params(config, active: bool) -> int:
     """Parameters of the model `config` (a `TransformerConfig`) describes;
@@ -50,11 +52,16 @@ def count_params(config, active: bool) -> int:
             total += 2 * norm
     else:
         groups = config.num_layer_groups or config.num_layers  # distinct blocks
+        causal = config.stacks == "decoder"
         for i in range(0, config.num_layers, config.num_layers // groups):
             moe = config.moe_layer(i)
-            ffn = _moe_params(config, active) if moe else _ffn_params(config)
+            reuse = causal and kv_sharing(config, i)[1] is not None
+            width = config.kv_shared_intermediate_dim if reuse else None
+            ffn = _moe_params(config, active) if moe else _ffn_params(config, width)
             ffn += scale
             mixer = attention
+            if causal:
+                mixer = _attention_params(config, i) + scale
             if config.layer_types and config.layer_types[i] == "linear_attention":
                 mixer = _linear_attention_params(config) + scale
             total += mixer + 2 * per_branch + ffn
@@ -62,6 +69,11 @@ def count_params(config, active: bool) -> int:
             total += norm
         if not config.first_attention_norm:
             total -= norm
+    p = config.per_layer_input_dim
+    if p:  # the token table, the projection and its norm; per block a gate
+        rows = config.per_layer_vocabulary_size or config.vocabulary_size
+        total += (rows + d) * config.num_layers * p + p
+        total += config.num_layers * (2 * d * p + d)
     if config.disentangled is not None:
         total += _disentangled_params(config, norm)
     if config.pooler:
@@ -74,11 +86,22 @@ def count_params(config, active: bool) -> int:
     return total
 
 
-def _attention_params(config) -> int:
+def _attention_params(config, index: int | None = None) -> int:
+    """One self-attention's parameters: layer `index` of a decoder (its
+    type's head size, key/value heads, values from keys, KV sharing), or
+    the config's own with None."""
     d, h = config.hidden_dim, config.resolved_head_dim
+    heads, from_key, reuse = config.resolved_num_kv_heads, False, False
+    if index is not None:
+        own = layer_settings(config, index)
+        h, heads, from_key = own["head_dim"], own["num_kv_heads"], own["value_from_key"]
+        reuse = kv_sharing(config, index)[1] is not None
     q = config.num_heads * h
-    kv = config.resolved_num_kv_heads * h
-    weights = d * q + 2 * d * kv + q * d
+    kv = heads * h
+    if reuse:  # queries and output only; no key norm
+        qk_norm = {True: h, "projection": q, False: 0}[config.qk_norm]
+        return 2 * d * q + qk_norm + (config.num_heads if config.attention_sinks else 0)
+    weights = d * q + (1 if from_key else 2) * d * kv + q * d
     biases = (q + 2 * kv + d) if config.use_bias else 0
     if config.qkv_bias and not config.use_bias:
         biases = q + 2 * kv
@@ -142,6 +165,10 @@ def _moe_params(config, active: bool) -> int:
         moe.num_shared_experts * per_unit * (moe.shared_expert_intermediate_dim or f)
     )
     gate = d if moe.shared_expert_gate else 0
+    if moe.router_input_norm:  # router_scale [D], expert_scale [E]
+        router += d + moe.num_experts
+    if moe.dense_alongside:  # the dense feed-forward and three [D] norms
+        gate += _ffn_params(config) + 3 * d
     return router + experts * expert + shared + gate
 
 

@@ -9,14 +9,20 @@ from dataclasses import dataclass, field, fields
 from keras_transformers.config.groups import (  # noqa: F401 (public names)
     ATTENTION_TERMS,
     DISPATCH_MODES,
+    GROUPS,
     POOLINGS,
     DisentangledConfig,
     LinearAttentionConfig,
     MoEConfig,
     VisionConfig,
     check_disentangled,
+    check_group_types,
 )
-from keras_transformers.config.layer_types import check_layer_types, check_windows
+from keras_transformers.config.layer_types import (
+    check_layer_inputs,
+    check_layer_types,
+    check_windows,
+)
 from keras_transformers.config.param_count import count_params
 from keras_transformers.config.rotary_checks import (
     check_layer_rotaries,
@@ -164,6 +170,9 @@ class TransformerConfig(_Group):
             output projection) times `sigmoid(x @ W_gate)`, a gate projected
             from the block input as the queries are (Qwen3-Next, Qwen3.5:
             the second half of each head of `q_proj`).
+        value_norm, num_kv_shared_layers, kv_shared_intermediate_dim,
+            per_layer_input_dim, per_layer_vocabulary_size, layer_output_scale:
+            Gemma 4's knobs, see `keras_transformers.config.layer_types`.
         dropout: dropout on embeddings and every sub-layer output.
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
@@ -244,6 +253,12 @@ class TransformerConfig(_Group):
     logit_softcap: float | None = None
     attention_sinks: bool = False
     attention_output_gate: bool = False
+    value_norm: bool = False
+    num_kv_shared_layers: int = 0
+    kv_shared_intermediate_dim: int | None = None
+    per_layer_input_dim: int | None = None
+    per_layer_vocabulary_size: int | None = None
+    layer_output_scale: bool = False
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
@@ -337,6 +352,7 @@ class TransformerConfig(_Group):
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         check_layer_types(self, _fail)
         check_windows(self, _fail)
+        check_layer_inputs(self, _fail)
         check_layer_rotaries(self)
         for name in ("attention_softcap", "logit_softcap"):
             if getattr(self, name) is not None:
@@ -354,14 +370,7 @@ class TransformerConfig(_Group):
                 and value >= self.vocabulary_size
             ):
                 _fail(name, value, f"< vocabulary_size={self.vocabulary_size}")
-        groups = (("moe", MoEConfig), ("vision", VisionConfig))
-        groups += (("linear_attention", LinearAttentionConfig),)
-        for group, cls in groups:
-            value = getattr(self, group)
-            if value is not None and not isinstance(value, cls):
-                how = f"{cls.__name__}(**{group})" if isinstance(value, dict) else None
-                hint = f" (wrap the dict: {group}={how})" if how else ""
-                _fail(group, value, f"a {cls.__name__} or None{hint}")
+        check_group_types(self)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         check_disentangled(self)
         if self.rotary and self.resolved_head_dim % 2:
@@ -376,12 +385,7 @@ class TransformerConfig(_Group):
 
     @staticmethod
     def _groups():
-        return {
-            "moe": MoEConfig,
-            "vision": VisionConfig,
-            "disentangled": DisentangledConfig,
-            "linear_attention": LinearAttentionConfig,
-        }
+        return GROUPS
 
     # ----------------------------------------------------------- derived values
     @property

@@ -187,7 +187,8 @@ def export_hf(model, directory, model_type=None) -> None:
     take (`exports(config)`, tried by `export_order`; see
     `keras_transformers.convert.protocol.Converter`): GPT models with
     learned positions as "gpt2"; rotary ones as "gpt_neox" (LayerNorm),
-    "phi3" (partial rotary), "gemma3_text" (sandwich norms and q/k norms),
+    "phi3" (partial rotary), "gemma4_text" (value norms and per-layer
+    output scales), "gemma3_text" (sandwich norms and q/k norms),
     "gemma2" (sandwich norms), "gemma" (`scale_embeddings`), "olmo2" (norms
     on the sub-layers' outputs), "smollm3" (layers without rotary), "qwen3"
     (`qk_norm`), "qwen2" (`qkv_bias`), "mistral" (a sliding window) or

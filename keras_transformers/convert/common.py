@@ -189,6 +189,11 @@ DECODER = dict(
     qk_norm=False,
     moe=None,
     vision=None,
+    value_norm=False,
+    num_kv_shared_layers=0,
+    kv_shared_intermediate_dim=None,
+    per_layer_input_dim=None,
+    layer_output_scale=False,
 )
 
 

@@ -14,11 +14,8 @@ from keras_transformers import backend
 from keras_transformers.backend import call_layer
 from keras_transformers.layers import ring_cache
 from keras_transformers.layers.attention_scores import attend
-from keras_transformers.layers.core import (
-    EinsumDense,
-    RMSNormalization,
-    seeded_dropout,
-)
+from keras_transformers.layers.core import EinsumDense, RMSNormalization, seeded_dropout
+from keras_transformers.layers.kv_sharing import scale_free_rms
 from keras_transformers.layers.masks import attention_mask
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.segment_memory import with_memory
@@ -52,7 +49,19 @@ class MultiHeadAttention(keras.layers.Layer):
             True: each head over its H features (learned scales `[H]`, as
             Qwen3); "projection": all heads' features together (scales
             `[N * H]` and `[K * H]`, as OLMo 2); False: none.
-        norm_epsilon: epsilon of the `qk_norm` norms.
+        norm_epsilon: epsilon of the `qk_norm` norms (and `value_norm`'s).
+        value_norm: RMS-normalise each value head over its H features,
+            without learned scales (Gemma 4).
+        value_from_key: no value projection: the values are the key
+            projection's output, before `qk_norm` and rotary positions
+            (Gemma 4's `attention_k_eq_v`).
+        key_value_store: a name: the keys, values and mask this layer
+            attends to are stored under it in the call's
+            `shared_key_values` (see `keras_transformers.layers.kv_sharing`).
+        key_value_reuse: a name: this layer has no key or value projection
+            and no cache; it attends to the keys, values and mask stored
+            under that name by an earlier layer of the same kind (Gemma 4's
+            KV-shared layers).
         dropout: dropout rate on attention probabilities.
         causal: mask future keys (decoder self-attention).
         sliding_window: causal: attend only to this many most recent
@@ -123,6 +132,8 @@ class MultiHeadAttention(keras.layers.Layer):
             caller stops its gradient.
         memory_mask: `[B, M]`, True/1 where a memory slot holds a state of the
             same document (None: all).
+        shared_key_values: a `SharedKeyValues` of this forward pass, for
+            `key_value_store` / `key_value_reuse`.
         training: dropout switch.
 
     Returns:
@@ -145,6 +156,10 @@ class MultiHeadAttention(keras.layers.Layer):
         qk_norm=False,
         norm_epsilon=1e-6,
         key_bias=None,
+        value_norm=False,
+        value_from_key=False,
+        key_value_store=None,
+        key_value_reuse=None,
         dropout=0.0,
         causal=False,
         sliding_window=None,
@@ -203,11 +218,14 @@ class MultiHeadAttention(keras.layers.Layer):
     def build(self, query_shape, key_value_shape=None):
         key_value_shape = key_value_shape or query_shape
         self.query_dense = self._projection("query", self.num_heads)
-        self.key_dense = self._projection("key", self.num_kv_heads, self.key_bias)
-        self.value_dense = self._projection("value", self.num_kv_heads)
         self.query_dense.build(query_shape)
-        self.key_dense.build(key_value_shape)
-        self.value_dense.build(key_value_shape)
+        self.key_dense = self.value_dense = None
+        if self.key_value_reuse is None:  # a consumer projects queries only
+            self.key_dense = self._projection("key", self.num_kv_heads, self.key_bias)
+            self.key_dense.build(key_value_shape)
+        if self.key_value_reuse is None and not self.value_from_key:
+            self.value_dense = self._projection("value", self.num_kv_heads)
+            self.value_dense.build(key_value_shape)
         out_dim = self.output_dim or query_shape[-1]
         self.output_dense = EinsumDense(
             "btnh,nhd->btd",
@@ -220,6 +238,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense.build((None, None, self.num_heads, self.head_dim))
         self.query_norm = self.key_norm = None
         heads = {"query_norm": self.num_heads, "key_norm": self.num_kv_heads}
+        if self.key_value_reuse is not None:
+            heads.pop("key_norm")
         for name in heads if self.qk_norm else ():
             norm = RMSNormalization(
                 epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name
@@ -244,7 +264,10 @@ class MultiHeadAttention(keras.layers.Layer):
         """A zero self-attention cache for decoding up to `max_length`
         positions: `(key, value)`, each `[B, S, K, H]`, with `S = max_length`,
         or for a causal sliding window `min(max_length, sliding_window)` (a
-        ring of the most recent positions, see `call`)."""
+        ring of the most recent positions, see `call`); `()` for a layer
+        that reuses another's keys and values (`key_value_reuse`)."""
+        if self.key_value_reuse is not None:
+            return ()
         if self.causal and self.sliding_window is not None:
             max_length = min(max_length, self.sliding_window)
         shape = (batch_size, max_length, self.num_kv_heads, self.head_dim)
@@ -263,8 +286,14 @@ class MultiHeadAttention(keras.layers.Layer):
     def project_key_value(self, key_value):
         """Projects `[B, S, D]` encoder states once into the `(key, value)`
         cross-attention cache, each `[B, S, K, H]`."""
-        key = self._normed(self.key_norm, self.key_dense(key_value))
-        return key, self.value_dense(key_value)
+        raw = self.key_dense(key_value)
+        return self._normed(self.key_norm, raw), self._values(key_value, raw)
+
+    def _values(self, source, key):
+        """The value heads `[B, S, K, H]` of `source` `[B, S, D]` (`key`:
+        its raw key projection, the values with `value_from_key`)."""
+        v = key if self.value_from_key else call_layer(self.value_dense, source)
+        return scale_free_rms(v, self.norm_epsilon) if self.value_norm else v
 
     def _normed(self, norm, heads):
         """`heads` `[B, T, N|K, H]` through the `qk_norm` norm, if any (over
@@ -290,7 +319,13 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         memory=None,
         memory_mask=None,
+        shared_key_values=None,
     ):
+        if self.key_value_reuse is not None:
+            out = self._reuse(
+                query, shared_key_values, cache_index, positions, training
+            )
+            return out if cache is None else (out, cache)
         static_cache = cache is not None and cache_index is None
         self_attention = key_value is None and not static_cache
         if memory is not None and (not self_attention or self.rotary is not None):
@@ -305,9 +340,9 @@ class MultiHeadAttention(keras.layers.Layer):
             source = query if self_attention else key_value
             if memory is not None and cache is None:  # [B, M + T, D]
                 source = ops.concatenate([ops.cast(memory, query.dtype), query], 1)
-            k = call_layer(self.key_dense, source)  # [B, S, K, H]
-            k = self._normed(self.key_norm, k)
-            v = call_layer(self.value_dense, source)
+            raw = call_layer(self.key_dense, source)  # [B, S, K, H]
+            k = self._normed(self.key_norm, raw)
+            v = self._values(source, raw)
         offset = 0 if cache_index is None else cache_index
         if self_attention and memory is None:
             custom = type(self).process_heads is not MultiHeadAttention.process_heads
@@ -366,12 +401,27 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_offset=offset,
                 key_positions=key_positions,
             )
+        if self.key_value_store is not None:
+            shared_key_values.store(self.key_value_store, (k, v, mask, use_is_causal))
         out = attend(self, q, k, v, mask, use_is_causal, training, attention_bias)
         if self.gate_dense is not None:  # [B, T, N, H]
             gate = ops.sigmoid(call_layer(self.gate_dense, query))
             out = out * ops.cast(gate, out.dtype)
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
+
+    def _reuse(self, query, shared_key_values, cache_index, positions, training):
+        """Attention of `query` `[B, T, D]` to the keys, values and mask
+        stored under `key_value_reuse` (their positions are this call's)."""
+        k, v, mask, is_causal = shared_key_values.get(self.key_value_reuse)
+        q = self._normed(self.query_norm, call_layer(self.query_dense, query))
+        if self.rotary is not None:
+            if positions is None:
+                offset = 0 if cache_index is None else cache_index
+                positions = self._positions(ops.shape(query)[1], offset)
+            (q,) = self.rotary.rotate((q,), positions)
+        out = attend(self, q, k, v, mask, is_causal, training)
+        return call_layer(self.output_dense, out)  # [B, T, D]
 
     @staticmethod
     def _positions(length, offset):

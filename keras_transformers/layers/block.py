@@ -9,6 +9,7 @@ from keras_transformers.backend import call_layer
 from keras_transformers.layers.attention import MultiHeadAttention
 from keras_transformers.layers.core import seeded_dropout
 from keras_transformers.layers.feed_forward import FeedForward, make_norm
+from keras_transformers.layers.per_layer_inputs import PerLayerInputGate
 from keras_transformers.layers.serializable import (
     argument_config,
     serializable,
@@ -75,6 +76,12 @@ class TransformerBlock(keras.layers.Layer):
         attention_norm: False: no norm before the self-attention (pre-norm
             only; ModernBERT's first block, whose input is the embedding
             norm's output).
+        per_layer_input_dim: P: after the feed-forward, the block adds
+            `PerLayerInputGate`'s output for its per-layer input (Gemma 4's
+            per-layer embeddings); None for none.
+        output_scale: multiply the block's output by a constant `[1]`
+            weight `output_scale` (loaded, not trained; Gemma 4's
+            `layer_scalar`).
         token_mixer: a layer that replaces the self-attention (it is called
             as `MultiHeadAttention` is, and owns its cache: `init_cache`);
             None builds a `MultiHeadAttention` from the arguments above.
@@ -102,6 +109,9 @@ class TransformerBlock(keras.layers.Layer):
         memory_mask: `[B, M]`, True where a memory slot is valid.
         positions: the self-attention's positions, passed on when given
             (e.g. `PatchRotaryAttention`'s `[P, 2]` patch coordinates).
+        per_layer_input: `[B, T, P]` with `per_layer_input_dim`.
+        shared_key_values: the stack's `SharedKeyValues`, passed on to the
+            self-attention when given (KV sharing across layers).
         training: dropout switch.
 
     Returns:
@@ -136,6 +146,8 @@ class TransformerBlock(keras.layers.Layer):
         attention_softcap=None,
         attention_sinks=False,
         attention_norm=True,
+        per_layer_input_dim=None,
+        output_scale=False,
         token_mixer=None,
         feed_forward=None,
         kernel_initializer="glorot_uniform",
@@ -234,6 +246,21 @@ class TransformerBlock(keras.layers.Layer):
         self.feed_forward_norm = norm("feed_forward_norm")
         self.feed_forward_norm.build(input_shape)
         self.dropout_layer = seeded_dropout(self.dropout, dtype=self.dtype_policy)
+        self.per_layer_gate = self.output_scale_weight = None
+        if self.per_layer_input_dim:
+            self.per_layer_gate = PerLayerInputGate(
+                self.per_layer_input_dim,
+                activation=self.activation,
+                norm_epsilon=self.norm_epsilon,
+                kernel_initializer=self.kernel_initializer,
+                dtype=self.dtype_policy,
+                name="per_layer_gate",
+            )
+            self.per_layer_gate.build(input_shape)
+        if self.output_scale:
+            self.output_scale_weight = self.add_weight(
+                name="output_scale", shape=(1,), initializer="ones", trainable=False
+            )
         parts = ["self_attention", "feed_forward"]
         parts += ["cross_attention"] if self.cross_attention else []
         for part in parts:  # `{part}_post_norm`, LayerScale's `{part}_scale`
@@ -312,9 +339,13 @@ class TransformerBlock(keras.layers.Layer):
         memory=None,
         memory_mask=None,
         positions=None,
+        per_layer_input=None,
+        shared_key_values=None,
     ):
         new_cache = []
         given = {} if positions is None else {"positions": positions}
+        if shared_key_values is not None:
+            given["shared_key_values"] = shared_key_values
         pre = self.norm_position not in ("post", "output")
         if memory is not None and pre and self.self_attention_norm is not None:
             memory = call_layer(self.self_attention_norm, memory)
@@ -363,7 +394,13 @@ class TransformerBlock(keras.layers.Layer):
                 return out if cross_cache is None else out[0]
 
             x = self._residual(x, "cross_attention", cross, training)
+        if getattr(self.feed_forward, "reads_residual", False):
+            ff_kwargs["residual"] = x  # the sub-layer's input before its norm
         x = self._residual(x, "feed_forward", feed_forward, training)
+        if self.per_layer_gate is not None:
+            x = x + call_layer(self.per_layer_gate, x, per_layer_input)
+        if self.output_scale_weight is not None:
+            x = x * ops.cast(self.output_scale_weight, x.dtype)
         return x if cache is None else (x, new_cache[0])
 
     def compute_output_shape(self, x_shape, *args, **kwargs):

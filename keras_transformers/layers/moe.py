@@ -83,6 +83,7 @@ class SparseMoE(keras.layers.Layer):
         padding_mask: `[B, T]`, 1 for real tokens (losses and statistics
             ignore padding; under a capacity, padding is dropped first).
         training: enables jitter and the auxiliary losses.
+        router_input: `[B, T, D]` the router reads instead of `x`.
 
     Returns:
         `[B, T, D]`.
@@ -326,9 +327,14 @@ class SparseMoE(keras.layers.Layer):
         return self.call(*args, **kwargs)
 
     # ----------------------------------------------------------------- call
-    def call(self, x, padding_mask=None, training=None):
+    def call(self, x, padding_mask=None, training=None, router_input=None):
         shape = ops.shape(x)
         tokens = ops.reshape(x, (-1, shape[-1]))  # [N, D]
+        routed = (
+            tokens
+            if router_input is None
+            else ops.reshape(router_input, (-1, shape[-1]))
+        )
         n = ops.shape(tokens)[0]  # an int, or a tensor in a TF graph with a None batch
 
         def real():  # [N] bool, True for real tokens (only where needed)
@@ -336,7 +342,7 @@ class SparseMoE(keras.layers.Layer):
                 return ops.ones((n,), "bool")
             return ops.reshape(ops.cast(padding_mask, "bool"), (-1,))
 
-        logits, probs, expert_ids, weights = self.route(tokens, training)
+        logits, probs, expert_ids, weights = self.route(routed, training)
         e, k = self.num_experts, self.num_experts_per_token
         plan = None
         if self.dispatch == "dense":

@@ -159,19 +159,28 @@ def run_blocks(
     cache_index=None,
     training=None,
     cross_cache=None,
+    per_layer_inputs=None,
     **kwargs,
 ):
     """Runs `x [B, T, D]` through `blocks`.
 
     With `cache` (one `(key, value)` pair per block, see `init_cache`) returns
     `(x, updated_cache)`; without, returns `x`. `cross_cache` holds one
-    projected encoder `(key, value)` pair per block (encoder-decoder models).
+    projected encoder `(key, value)` pair per block (encoder-decoder models);
+    `per_layer_inputs` `[B, T, L, P]` gives block i its `[B, T, P]` input.
+    Other keyword arguments go to every block.
     """
+
+    def own(i):
+        if per_layer_inputs is None:
+            return kwargs
+        return {**kwargs, "per_layer_input": per_layer_inputs[:, :, i, :]}
+
     if cache is None:
         padding_mask = backend.none_if_all_true(padding_mask)
         with backend.direct_calls(blocks):
-            for block in blocks:
-                x = block(x, padding_mask=padding_mask, training=training, **kwargs)
+            for i, block in enumerate(blocks):
+                x = block(x, padding_mask=padding_mask, training=training, **own(i))
         return x
     caches = []
     for i, block in enumerate(blocks):
@@ -184,7 +193,7 @@ def run_blocks(
             cache=cache[i],
             cache_index=cache_index,
             training=training,
-            **kwargs,
+            **own(i),
         )
         caches.append(layer_cache)
     return x, tuple(caches)

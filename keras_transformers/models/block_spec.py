@@ -18,9 +18,15 @@ from types import MappingProxyType
 import keras
 
 from keras_transformers.config import TransformerConfig
-from keras_transformers.config.layer_types import layer_settings, layer_type, typed
+from keras_transformers.config.layer_types import (
+    kv_sharing,
+    layer_settings,
+    layer_type,
+    typed,
+)
 from keras_transformers.layers import MultiHeadAttention, SparseMoE, TransformerBlock
 from keras_transformers.layers.gated_deltanet import GatedDeltaNet
+from keras_transformers.layers.moe_parallel import DenseAndExperts, NormedRouterMoE
 from keras_transformers.layers.patch_rotary import PatchRotaryAttention
 
 
@@ -39,12 +45,18 @@ class BlockSpec:
             blocks are "full_attention").
         block: the `TransformerBlock` keyword arguments (read-only).
         moe: whether the feed-forward is the config's `SparseMoE`.
+        attention: self-attention arguments beyond the block's (value
+            norms, values from keys, KV sharing; read-only), which then
+            build the block's `MultiHeadAttention` as its token mixer.
     """
 
     index: int
     layer_type: str
     block: MappingProxyType
     moe: bool
+    attention: MappingProxyType = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def build(self, config: TransformerConfig, name: str, dtype) -> TransformerBlock:
         """The block, built for `[B, T, hidden_dim]` inputs (under the
@@ -52,7 +64,9 @@ class BlockSpec:
         ff = moe_feed_forward(config, dtype) if self.moe else None
         remat = keras.RematScope("list_of_layers", layer_names=[name])
         with remat if config.remat else contextlib.nullcontext():
-            mixer = token_mixer(config, self.block, dtype, self.layer_type)
+            mixer = token_mixer(
+                config, self.block, dtype, self.layer_type, self.attention
+            )
             block = TransformerBlock(
                 **self.block, token_mixer=mixer, feed_forward=ff, dtype=dtype, name=name
             )
@@ -70,13 +84,15 @@ def block_spec(
     encoder's: every block alike), with or without cross-attention."""
     kind = layer_type(config, index) if typed(config, causal) else "full_attention"
     attention = layer_settings(config, index, causal)
-    head_dim = config.resolved_head_dim
+    head_dim = attention["head_dim"] if causal else config.resolved_head_dim
     fraction = attention["rotary_fraction"]
     rotary_dim = None if fraction == 1.0 else int(head_dim * fraction)
     kwargs = dict(
         num_heads=config.num_heads,
         intermediate_dim=config.intermediate_dim,
-        num_kv_heads=config.resolved_num_kv_heads,
+        num_kv_heads=attention["num_kv_heads"]
+        if causal
+        else config.resolved_num_kv_heads,
         head_dim=head_dim,
         norm_position=config.norm_position,
         norm_type=config.norm_type,
@@ -100,10 +116,24 @@ def block_spec(
         attention_softcap=config.attention_softcap,
         attention_sinks=config.attention_sinks,
         attention_norm=index > 0 or config.first_attention_norm,
+        per_layer_input_dim=config.per_layer_input_dim if causal else None,
+        output_scale=config.layer_output_scale,
         kernel_initializer=initializer(config),
     )
+    store, reuse = kv_sharing(config, index) if causal else (None, None)
+    if reuse is not None and config.kv_shared_intermediate_dim:
+        kwargs["intermediate_dim"] = config.kv_shared_intermediate_dim
+    extra = dict(
+        value_norm=config.value_norm,
+        value_from_key=causal and attention["value_from_key"],
+        key_value_store=store,
+        key_value_reuse=reuse,
+    )
+    extra = {k: v for k, v in extra.items() if v}
     moe = causal and config.moe_layer(index)
-    return BlockSpec(index, kind, MappingProxyType(kwargs), moe)
+    return BlockSpec(
+        index, kind, MappingProxyType(kwargs), moe, MappingProxyType(extra)
+    )
 
 
 # A block argument -> its self-attention argument (None: the block's own).
@@ -115,14 +145,16 @@ _ATTENTION_ARGUMENT = dict(
 )
 
 
-def token_mixer(config: TransformerConfig, block, dtype, kind: str = "full_attention"):
+def token_mixer(
+    config: TransformerConfig, block, dtype, kind: str = "full_attention", extra=None
+):
     """The token mixer of a block of layer type `kind` with arguments
     `block` when the default self-attention does not fit: a
     `GatedDeltaNet` for "linear_attention" (the config's
     `linear_attention` group), `PatchRotaryAttention` for 2-D rotary patch
     positions (`vision` with "rotary"), a `MultiHeadAttention` without key
-    bias for `key_bias=False` or with `attention_output_gate`; None
-    otherwise."""
+    bias for `key_bias=False`, with `attention_output_gate` or with the
+    `extra` arguments (see `BlockSpec.attention`); None otherwise."""
     if kind == "linear_attention":
         group = config.linear_attention
         return GatedDeltaNet(
@@ -137,7 +169,12 @@ def token_mixer(config: TransformerConfig, block, dtype, kind: str = "full_atten
             name="self_attention",
         )
     patch_rotary = config.vision is not None and config.rotary
-    if not patch_rotary and config.key_bias and not config.attention_output_gate:
+    if (
+        not patch_rotary
+        and config.key_bias
+        and not config.attention_output_gate
+        and not extra
+    ):
         return None
     cls = PatchRotaryAttention if patch_rotary else MultiHeadAttention
     names = inspect.signature(MultiHeadAttention.__init__).parameters
@@ -146,13 +183,19 @@ def token_mixer(config: TransformerConfig, block, dtype, kind: str = "full_atten
     kwargs["key_bias"] = None if config.key_bias else False  # None: as qkv_bias
     if config.attention_output_gate:
         kwargs["output_gate"] = True
+    kwargs.update(extra or {})
     return cls(**kwargs, dtype=dtype, name="self_attention")
 
 
-def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
-    """The config's `SparseMoE` feed-forward."""
+def moe_feed_forward(config: TransformerConfig, dtype):
+    """The config's `SparseMoE` feed-forward (a `NormedRouterMoE` with
+    `moe.router_input_norm`; beside a dense one in `DenseAndExperts` with
+    `moe.dense_alongside`)."""
     moe = config.moe
-    return SparseMoE(
+    cls, extra = SparseMoE, {}
+    if moe.router_input_norm:
+        cls, extra = NormedRouterMoE, {"norm_epsilon": config.norm_epsilon}
+    experts = cls(
         num_experts=moe.num_experts,
         num_experts_per_token=moe.num_experts_per_token,
         intermediate_dim=moe.expert_intermediate_dim or config.intermediate_dim,
@@ -173,6 +216,18 @@ def moe_feed_forward(config: TransformerConfig, dtype) -> SparseMoE:
         kernel_initializer=initializer(config),
         dtype=dtype,
         name="moe",
+        **extra,
+    )
+    if not moe.dense_alongside:
+        return experts
+    return DenseAndExperts(
+        config.intermediate_dim,
+        experts,
+        activation=config.activation,
+        norm_epsilon=config.norm_epsilon,
+        kernel_initializer=initializer(config),
+        dtype=dtype,
+        name="dense_and_experts",
     )
 
 

@@ -72,11 +72,14 @@ class GPTBackbone(TextBackbone):
         )
         start = 0 if cache_index is None else cache_index
         x = self.embed(token_ids, start_index=start, training=training)  # [B, T, D]
+        extra = self.layer_extras(token_ids, x)
         if cache is not None:
             # While decoding, every cached position before the query is real.
-            x, cache = run_blocks(self.blocks, x, None, cache, cache_index, training)
+            x, cache = run_blocks(
+                self.blocks, x, None, cache, cache_index, training, **extra
+            )
         else:
-            x = run_blocks(self.blocks, x, padding_mask, training=training)
+            x = run_blocks(self.blocks, x, padding_mask, training=training, **extra)
         if self.final_norm is not None:
             x = call_layer(self.final_norm, x)
         return x if cache is None else (x, cache)

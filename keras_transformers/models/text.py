@@ -17,6 +17,8 @@ from keras_transformers.layers import (
     make_norm,
 )
 from keras_transformers.layers.core import Dense, seeded_dropout
+from keras_transformers.layers.kv_sharing import SharedKeyValues
+from keras_transformers.layers.per_layer_inputs import PerLayerInputs
 from keras_transformers.models.base import (
     ConfiguredModel,
     initializer,
@@ -59,6 +61,19 @@ class TextBackbone(ConfiguredModel):
 
     def _build_extras(self):
         """Hook for layers beyond the shared ones (e.g. BERT's pooler)."""
+
+    def layer_extras(self, token_ids, x) -> dict:
+        """The blocks' extra call arguments for ids `[B, T]` embedded as
+        `x [B, T, D]`: `per_layer_inputs` `[B, T, L, P]` (per-layer input
+        embeddings) and a fresh `SharedKeyValues` (KV sharing), where the
+        config has them."""
+        extra = {}
+        if self.per_layer_inputs is not None:
+            layer = self.per_layer_inputs
+            extra["per_layer_inputs"] = call_layer(layer, token_ids, x)
+        if self.config.num_kv_shared_layers:
+            extra["shared_key_values"] = SharedKeyValues()
+        return extra
 
     def _build_embeddings(self):
         c, dtype = self.config, self.dtype_policy
@@ -110,6 +125,18 @@ class TextBackbone(ConfiguredModel):
             )
             self.embedding_norm.build((None, None, d))
         self.embedding_dropout = seeded_dropout(c.dropout, dtype=dtype)
+        self.per_layer_inputs = None
+        if c.per_layer_input_dim:
+            self.per_layer_inputs = PerLayerInputs(
+                c.per_layer_vocabulary_size or c.vocabulary_size,
+                c.num_layers,
+                c.per_layer_input_dim,
+                norm_epsilon=c.norm_epsilon,
+                embeddings_initializer=initializer(c),
+                dtype=dtype,
+                name="per_layer_inputs",
+            )
+            self.per_layer_inputs.build((None, None), (None, None, d))
         self.embedding_projection = None  # `embedding_dim` -> `hidden_dim`
         if c.embedding_dim is not None:
             self.embedding_projection = Dense(
