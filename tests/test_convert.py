@@ -209,7 +209,8 @@ def test_export_rejects_unrepresentable(tmp_path):
         (
             "gpt2",
             dict(model_type="gpt3"),
-            "Supported model types: \\['gemma', 'gemma2', 'gemma3_text', 'gpt2', 'gpt_neox', "
+            "Supported model types: \\['gemma', 'gemma2', 'gemma3_text', 'gemma4', "
+            "'gemma4_text', 'gpt2', 'gpt_neox', "
             "'llama', 'mistral', 'olmo2', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', "
             "'qwen3_5_text', 'smollm3'\\] \\(gpt\\)",
         ),
@@ -222,8 +223,8 @@ def test_export_rejects_unrepresentable(tmp_path):
         ),
         (
             "llama",
-            dict(rope_parameters={"rope_type": "proportional", "factor": 2.0}),
-            "'proportional' is not supported; supported: default, linear, llama3",
+            dict(rope_parameters={"rope_type": "dynamic_ntk", "factor": 2.0}),
+            "'dynamic_ntk' is not supported; supported: default, linear, llama3",
         ),
         ("gpt2", dict(n_inner=64), "transformer.h.0.mlp.c_fc.weight"),
         ("llama", dict(num_hidden_layers=3), "model.layers.2"),
