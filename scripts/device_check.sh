@@ -28,7 +28,7 @@ tests)
     skip=(--ignore=tests/test_tokenizer.py --ignore=tests/test_preprocessing.py)
     for backend in ${BACKENDS:-torch jax}; do
         KERAS_BACKEND=$backend timeout "${TEST_TIMEOUT:-480}" python3 -m pytest \
-            -v -p no:cacheprovider -n "${WORKERS:-6}" -m "not large" "${skip[@]}" \
+            -v -p no:cacheprovider -n "${WORKERS:-6}" -m "not once" "${skip[@]}" \
             --junitxml="$OUT/tests_$backend.xml" \
             ${TEST_ARGS:-} >"$OUT/tests_$backend.log" 2>&1 &
     done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the package with its test extras, then runs the whole test suite
-# once per Keras backend (each in its own processes). Tests marked `large`
-# run once, on PyTorch (eager: no compilation, so the toy-size example runs
-# take the least time there; the README's main job sets its own backend).
+# once per Keras backend (each in its own processes). Tests marked `once`
+# run on PyTorch only (eager: no compilation, so the toy-size example runs
+# take the least time there; the README's main job sets its own backend);
+# the `large` tier (out of the contributors' fast loop) runs everywhere.
 # Test files are spread over every core (pytest-xdist, one worker per core;
 # each file's tests stay in one worker), handed out in collection order:
 # the longest files first (tests/conftest.py). Each backend prints its 25
@@ -18,7 +19,7 @@ times=()
 suite_start=$SECONDS
 for backend in jax tensorflow torch; do
     marker=()
-    [ "$backend" = torch ] || marker=(-m "not large")
+    [ "$backend" = torch ] || marker=(-m "not once")
     echo "=== KERAS_BACKEND=${backend} ==="
     start=$SECONDS
     KERAS_BACKEND=${backend} python -m pytest -q -p no:cacheprovider \

@@ -6,6 +6,7 @@ Keras is imported; `.ci/run` runs the whole suite once per backend.
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -100,9 +101,23 @@ SLOW_FILES = (
 )
 
 
+# The `large` tier: the contributors' fast loop (`-m "not large"`) leaves
+# out every `once` test and the tests listed in large_tests.txt (3 s or more
+# on some backend when last measured; `scripts/large_tests.py` writes it
+# from a `KT_TEST_TIMES` file). CI runs them all.
+LARGE_TESTS = frozenset(
+    line.strip()
+    for line in (Path(__file__).parent / "large_tests.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    for item in items:
+        if item.get_closest_marker("once") or item.nodeid in LARGE_TESTS:
+            item.add_marker(pytest.mark.large)
 
 
 def pytest_runtest_logreport(report):

@@ -297,7 +297,7 @@ def _start_save(target, source="gpt2_small"):
     return child, time.perf_counter()
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_killing_a_real_gpt2_small_save(tmp_path):
     """Saves `gpt2_small` (124M parameters) over a `gpt2_tiny` preset in a
     subprocess killed with SIGKILL at several moments; the directory loads

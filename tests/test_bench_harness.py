@@ -147,7 +147,7 @@ def test_quick_run_writes_json(tmp_path, backend):
         assert ours[f"gen_b{b}_tokens_per_s"] > 0
 
 
-@pytest.mark.large  # the process orchestration is the same on every backend
+@pytest.mark.once  # the process orchestration is the same on every backend
 def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
     options = ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours"]
     stdout, result = quick_run(
@@ -164,7 +164,7 @@ def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
     assert "gpt2_tiny" in last_table and "bert_tiny" in last_table  # merged
 
 
-@pytest.mark.large  # the process orchestration is the same on every backend
+@pytest.mark.once  # the process orchestration is the same on every backend
 def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, backend):
     options = ["--rows", "gpt2_tiny", "--contenders", "ours,kerashub,hf"]
     stdout, result = quick_run(

@@ -2,7 +2,8 @@
 resumed ends with the weights of an uninterrupted run (learning-rate
 schedule position, MoE router statistics and data order included).
 
-Each job trains three times, so these are `large` (run once in CI);
+Each job trains three times, so these are `once` tests (CI runs them on
+one backend);
 tests/test_resume.py checks the same resume on every backend at the
 level of `fit`."""
 
@@ -70,14 +71,14 @@ def _check_resume(tmp_path, argv, job=None, interrupt=4, **overrides):
         np.testing.assert_allclose(resumed[path], value, atol=1e-6, err_msg=path)
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_resume_causal_lm(tmp_path, text_file):
     """The causal-LM job: its BPE vocabulary, data order and schedule."""
     argv = ["train", "gpt2_tiny", "--data", str(text_file), "--vocabulary-size"]
     _check_resume(tmp_path, argv + ["300", *ARGS])
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_resume_mixtral(tmp_path, text_file):
     """MoE router statistics and the warmup + cosine schedule position."""
     argv = ["train", "mixtral_tiny", "--data", str(text_file), "--vocabulary-size"]
@@ -99,14 +100,14 @@ def _train_wordpiece_once(monkeypatch):
     monkeypatch.setattr(preprocessing, "train_wordpiece", train_once)
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_resume_bert(tmp_path, text_file, monkeypatch):
     _train_wordpiece_once(monkeypatch)
     argv = ["train", "bert_tiny", "--data", str(text_file), *ARGS]
     _check_resume(tmp_path, argv, pretrain_bert, **SMALL)
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_resume_transformer(tmp_path, monkeypatch):
     import keras_transformers.cli.seq2seq as seq2seq
 
@@ -125,7 +126,7 @@ def labelled_csv(tmp_path_factory):
     return path
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_finetune_resume_classifier(tmp_path, labelled_csv, monkeypatch):
     """A classifier trained from scratch: its WordPiece vocabulary comes from
     the backup, the data order and schedule position from the backup."""
@@ -136,7 +137,7 @@ def test_finetune_resume_classifier(tmp_path, labelled_csv, monkeypatch):
     _check_resume(tmp_path, argv, finetune_classifier, interrupt=5, **SMALL)
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_resume_vit(tmp_path):
     """Image classification: batch order and the augmentation's random state."""
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ and TensorFlow compile the whole decoding loop with XLA; their tokens are
 checked against greedy decoding by full forward passes without a cache.
 
 Compiling is slow on a small CPU: the PyTorch rotary (Llama) case carries
-the `large` marker; GPT-2 and the sparse MoE (Mixtral) run everywhere.
+the `once` marker; GPT-2 and the sparse MoE (Mixtral) run everywhere.
 """
 
 import keras
@@ -96,7 +96,7 @@ def test_xla_seq2seq_generate_matches_full_forward(rng, backend):
 def _torch_families():
     return [
         pytest.param("gpt2"),
-        pytest.param("llama", marks=pytest.mark.large),
+        pytest.param("llama", marks=pytest.mark.once),
         pytest.param("mixtral"),
     ]
 

@@ -86,7 +86,7 @@ def test_readme_has_the_two_setup_commands():
     assert "scripts/test_all.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_docs_site_builds(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
@@ -103,7 +103,7 @@ def test_docs_site_builds(tmp_path):
     assert (tmp_path / "api" / "models" / "index.html").exists()
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_readme_main_job_command_runs_as_written():
     """The README's first command (install, train gpt_mini, generate)."""
     command = next(

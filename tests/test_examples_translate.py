@@ -12,7 +12,7 @@ from contracts import toy_run_env
 EXAMPLE = Path(__file__).parents[1] / "examples" / "translate.py"
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_t5_text_to_text_with_span_corruption_runs(tmp_path):
     tiny = "--num-layers 1 --hidden-dim 32 --num-heads 2 --intermediate-dim 64"
     command = (

@@ -1,4 +1,4 @@
-"""examples/train_vit.py end to end at toy size (a `large` test: CI runs it
+"""examples/train_vit.py end to end at toy size (a `once` test: CI runs it
 once, on JAX)."""
 
 import importlib.util
@@ -15,7 +15,7 @@ from keras_transformers.data.images import FASHION_MNIST_DIR
 SCRIPT = Path(__file__).parents[1] / "examples" / "train_vit.py"
 
 
-@pytest.mark.large
+@pytest.mark.once
 @pytest.mark.skipif(
     not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",

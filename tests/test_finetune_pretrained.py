@@ -1,6 +1,6 @@
 """Fine-tuning checkpoints: `finetune --task causal-lm` (LoRA on a decoder)
 from a Hugging Face directory, and the real-checkpoint recipes of
-`examples/` at toy size (`large`).
+`examples/` at toy size (`once`).
 
 The causal-LM checkpoint is a tiny random-init `transformers`
 `LlamaForCausalLM` saved with `save_pretrained`, plus a small byte-level BPE
@@ -285,7 +285,7 @@ def _example(name, *argv):
     return done.stdout
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_example_finetune_classifier_minilm(minilm_dir):
     _needs_tweets()
     out = _example(
@@ -307,7 +307,7 @@ def test_example_finetune_classifier_minilm(minilm_dir):
     assert "From the pretrained" in out and "| pretrained |" in out
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_example_finetune_lora_smollm2(smollm2_dir, tmp_path):
     _needs_tweets()
     out = _example(

@@ -134,7 +134,7 @@ def test_sliding_window_generation_equals_full_forward(rng):
         assert row[: len(expected)].tolist() == expected
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_train_mixtral_example_runs(tmp_path):
     """examples/train_mixtral.py end to end at toy size: both models train,
     the comparison and the expert-load curve are written."""

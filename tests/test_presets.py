@@ -177,7 +177,7 @@ def test_small_presets_build_with_matching_params(name):
         assert model.count_params() == ALL[name]["params_with_head"]
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_gpt2_small_builds_with_124m_params():
     model = kt.models.GPTCausalLM.from_preset("gpt2_small")
     assert model.count_params() == 124_439_808
@@ -213,7 +213,7 @@ def test_a_preset_path_that_does_not_exist(tmp_path):
         kt.from_preset("gpt2_tinyy")
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_wheel_ships_presets(tmp_path):
     """A non-editable install finds the presets from another directory."""
     target = tmp_path / "site"

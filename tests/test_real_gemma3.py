@@ -13,7 +13,7 @@ import keras_transformers
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.large
+pytestmark = pytest.mark.once
 PROMPT = "The capital of France is"
 ANSWER = " the capital of the country of France."  # ../shared/DATA.md
 

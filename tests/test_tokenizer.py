@@ -581,7 +581,7 @@ def test_gpt2_tiktoken_equals_gpt2_vocab_and_merges(gpt2_tiktoken, tmp_path):
         assert gpt2.encode(text).tolist() == hf(text)["input_ids"], text
 
 
-@pytest.mark.large
+@pytest.mark.once
 def test_gpt2_tf_data_blank_line_difference(gpt2_tiktoken):
     """keras-hub's graph path with GPT-2's vocabulary, pinned as it is today.
 
