@@ -154,18 +154,49 @@ def test_errors_name_the_problem(hf_dir, tmp_path, changes, match):
         keras_transformers.from_preset(path)
 
 
-def test_mxfp4_experts_are_refused(hf_dir, tmp_path):
+def _mxfp4_dirs(tmp_path, rng):
+    """A random gpt-oss (intermediate 32: MXFP4 groups 32 inputs) saved with
+    MXFP4 experts (random codes and scales), and the same model with the
+    experts dequantised by transformers: (quantised dir, float dir)."""
     from safetensors.numpy import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    path = edited_hf_dir(hf_dir, tmp_path / "mxfp4")
-    tensors = _tensors(hf_dir)
+    config = transformers.GptOssConfig(**{**TINY, "intermediate_size": 32})
+    floats = tmp_path / "float"
+    randomize(transformers.GptOssForCausalLM(config)).save_pretrained(floats)
+    quantised = edited_hf_dir(
+        floats, tmp_path / "mxfp4", quantization_config={"quant_method": "mxfp4"}
+    )
+    tensors, packed = _tensors(floats), {}
     for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
-        tensors[name + "_blocks"] = np.zeros((1,), np.uint8)
-        tensors[name + "_scales"] = np.zeros((1,), np.uint8)
-        del tensors[name]
-    save_file(tensors, str(path / "model.safetensors"), {"format": "pt"})
-    with pytest.raises(ValueError, match="MXFP4.*dequantize=True"):
-        keras_transformers.from_preset(path)
+        e, i, o = tensors[name].shape
+        blocks = rng.integers(0, 256, (e, o, i // 32, 16)).astype(np.uint8)
+        scales = rng.integers(121, 126, (e, o, i // 32)).astype(np.uint8)
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+        tensors[name] = convert_moe_packed_tensors(
+            torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32
+        ).numpy()
+    save_file(tensors, str(floats / "model.safetensors"), {"format": "pt"})
+    rest = {n: t for n, t in tensors.items() if n + "_blocks" not in packed}
+    save_file(
+        {**rest, **packed}, str(quantised / "model.safetensors"), {"format": "pt"}
+    )
+    return quantised, floats
+
+
+def test_mxfp4_experts_load_dequantised(tmp_path, rng):
+    """Experts stored as MXFP4 blocks and scales (as gpt-oss is published)
+    load with transformers' dequantised values: the same logits as
+    transformers on the float checkpoint; damaged blocks fail naming them."""
+    from keras_transformers.convert import mxfp4
+
+    quantised, floats = _mxfp4_dirs(tmp_path, rng)
+    ids, mask = padded_batch(VOCAB, LENGTH)
+    lm = keras_transformers.from_preset(quantised)
+    expected = hf_outputs(reference(floats), ids, mask)
+    record("gpt_oss mxfp4", our_outputs(lm, ids, mask), expected, mask)
+    with pytest.raises(ValueError, match=r"MXFP4 blocks \(2, 4, 1, 16\)"):
+        mxfp4.dequantize(np.zeros((2, 4, 1, 16), np.uint8), np.zeros((2, 4), np.uint8))
 
 
 def test_export_round_trip(hf_dir, tmp_path):

@@ -23,9 +23,9 @@ weights as a softmax over all experts renormalised over the top k
 (`moe.normalize_router_weights`). The experts' clamped SwiGLU,
 `(clip(up, -L, L) + 1) * g * sigmoid(1.702 g)` with `g = min(gate, L)`,
 `L = swiglu_limit`: `activation="quick_gelu"`, `moe.glu_limit`. Only
-`swiglu_alpha=1.702` converts. Checkpoints whose experts are MXFP4
-(`gate_up_proj_blocks` / `_scales`, as published) must be dequantised first
-(e.g. transformers' `Mxfp4Config(dequantize=True)`, then `save_pretrained`).
+`swiglu_alpha=1.702` converts. Experts stored as MXFP4 (`gate_up_proj_blocks`
+/ `_scales`, as gpt-oss is published) are dequantised to float32 on load
+(`keras_transformers.convert.mxfp4`); `export_hf` writes float experts.
 `output_router_logits` is ignored; HF pools the load-balancing loss over all
 layers, ours adds one term per MoE layer (the same formula).
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_transformers.config.layer_types import layer_type
-from keras_transformers.convert import llama, mixtral
+from keras_transformers.convert import llama, mixtral, mxfp4
 from keras_transformers.convert.common import (
     DECODER,
     assign,
@@ -168,22 +168,23 @@ def _interleave(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _expert_tensor(checkpoint, name: str) -> np.ndarray:
+    """The float tensor `name`, or, where the checkpoint stores it as MXFP4
+    (`{name}_blocks` / `{name}_scales`, as gpt-oss is published), its
+    dequantised values in float32 (`keras_transformers.convert.mxfp4`)."""
+    if name in checkpoint or name + "_blocks" not in checkpoint:
+        return checkpoint.get(name)
+    # A copy: the next `get` unmaps the pages of the tensors returned before.
+    blocks = np.array(checkpoint.get(name + "_blocks"))
+    return mxfp4.dequantize(blocks, checkpoint.get(name + "_scales"))
+
+
 def _load_block(block, checkpoint, name: str) -> None:
     """One block's sinks, router and experts (`name`: `...layers.{i}.`)."""
     attention, moe, get = block.self_attention, block.feed_forward, checkpoint.get
     sinks = name + "self_attn.sinks"
     assign(attention.sink_logits, get(sinks), sinks)
     experts = name + "mlp.experts."
-    if experts + "gate_up_proj" not in checkpoint and (
-        experts + "gate_up_proj_blocks" in checkpoint
-    ):
-        raise ValueError(
-            f"The checkpoint's experts are MXFP4-quantised ({experts}gate_up_proj_blocks"
-            " / _scales); keras_transformers loads float weights. Dequantise it first: "
-            "load it with transformers' GptOssForCausalLM.from_pretrained(path, "
-            "quantization_config=Mxfp4Config(dequantize=True)) and save_pretrained "
-            "it, or use a bf16 copy of the checkpoint."
-        )
     e, f, d = tuple(moe.expert_down.shape)
     router = name + "mlp.router."
     assign(moe.router_kernel, get(router + "weight"), router + "weight", transpose=True)
@@ -197,7 +198,7 @@ def _load_block(block, checkpoint, name: str) -> None:
             ("", shape, getattr(moe, target)),
             ("_bias", bias_shape, getattr(moe, target + "_bias")),
         ):
-            tensor = get(experts + part + suffix)
+            tensor = _expert_tensor(checkpoint, experts + part + suffix)
             check_shape(tensor, expected, experts + part + suffix, moe.path)
             assign(variable, layout(tensor), experts + part + suffix)
 
