@@ -1,7 +1,7 @@
 """sentence-transformers directories load as `TextEmbedder`s whose `encode`
 equals `SentenceTransformer.encode` (1e-5): tiny random-init references
 built with sentence-transformers' own modules and saved by it (bge-, e5-,
-gte- and XLM-R-style, current and older file layouts), and the real
+gte-, XLM-R- and ModernBERT-style, current and older file layouts), and the real
 all-MiniLM-L6-v2. Pooling modes against sentence-transformers' `Pooling`,
 the settings through `save_to_preset`, `hf://` handles, and the errors."""
 
@@ -50,6 +50,7 @@ KINDS = {
     "e5": ("bert", "mean", False, False),
     "gte": ("bert", "mean", False, True),
     "xlmr": ("xlm-roberta", "mean", False, False),
+    "modernbert": ("modernbert", "mean", True, False),
 }
 
 
@@ -76,6 +77,27 @@ def _xlm_roberta(path):
         **{**SMALL, "max_position_embeddings": 66},
     )
     return transformers.XLMRobertaModel(config), tokenizer
+
+
+def _modernbert(path):
+    """A ModernBERT (alternating local / global attention, window 8) with
+    `_bert`'s WordPiece vocabulary and its special ids."""
+    _, tokenizer = _bert(path)
+    config = transformers.ModernBertConfig(
+        vocab_size=tokenizer.vocab_size,
+        **{**SMALL, "num_hidden_layers": 3},
+        global_attn_every_n_layers=2,
+        local_attention=8,
+        pad_token_id=0,
+        cls_token_id=2,
+        sep_token_id=3,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    return transformers.ModernBertModel(config), tokenizer
+
+
+BUILDERS = {"bert": _bert, "xlm-roberta": _xlm_roberta, "modernbert": _modernbert}
 
 
 def _older_layout(directory):
@@ -109,8 +131,7 @@ def st_dirs(tmp_path_factory):
     out = {}
     for name, (model_type, mode, normalize, older) in KINDS.items():
         hf = root / f"{name}_hf"
-        build = _bert if model_type == "bert" else _xlm_roberta
-        model, tokenizer = build(hf)
+        model, tokenizer = BUILDERS[model_type](hf)
         shutil.rmtree(hf, ignore_errors=True)
         torch.manual_seed(0)
         randomize(model).save_pretrained(hf)
