@@ -7,7 +7,7 @@ writes one JSON line per test phase), then:
 
     python scripts/large_tests.py /tmp/times.jsonl
 
-A test is large when its set-up plus call took `--seconds` (3 by default)
+A test is large when its set-up plus call took `--seconds` (2 by default)
 or more on some backend (`once` tests are large whether listed or not); the
 multi-device cases run inside one test of tests/test_distribution.py.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "large_tests.txt"
 HEADER = """\
-# The `large` tier besides the `once` tests: tests that took 3 s or more
+# The `large` tier besides the `once` tests: tests that took 2 s or more
 # (set-up plus call) on some backend, on a 2-core CPU machine. The fast loop
 # (`pytest -m "not large"`) leaves them out; CI runs them. Written by
 # `python scripts/large_tests.py TIMES.jsonl` (CONTRIBUTING.md).
@@ -48,7 +48,7 @@ def seconds_per_test(path: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("times", type=Path, help="a KT_TEST_TIMES file")
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args()
     times = seconds_per_test(args.times)
     large = sorted(

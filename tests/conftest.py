@@ -102,7 +102,7 @@ SLOW_FILES = (
 
 
 # The `large` tier: the contributors' fast loop (`-m "not large"`) leaves
-# out every `once` test and the tests listed in large_tests.txt (3 s or more
+# out every `once` test and the tests listed in large_tests.txt (2 s or more
 # on some backend when last measured; `scripts/large_tests.py` writes it
 # from a `KT_TEST_TIMES` file). CI runs them all.
 LARGE_TESTS = frozenset(
