@@ -25,9 +25,10 @@ sliding and full layers with a rotary each) with:
   `keras_transformers.convert.gemma4_weights`.
 
 The last layer is full attention, as transformers forces it. The
-multimodal wrapper (`model_type: "gemma4"`, a `text_config`) is refused
-with a message: its vision and audio towers are not converted; save the
-text model as a `Gemma4ForCausalLM` checkpoint to load it.
+multimodal wrapper (`model_type: "gemma4"`, a `text_config`) loads its
+text model (`keras_transformers.convert.gemma4_multimodal`; the vision and
+audio towers are not converted and are reported unused); exporting as
+"gemma4" is refused in favour of "gemma4_text".
 `use_bidirectional_attention="all"`, `attention_bias` and rotary types
 other than "default" and "proportional" are refused as well.
 """
