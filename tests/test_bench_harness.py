@@ -117,6 +117,7 @@ def quick_run(tmp_path, backend, *options):
     return proc.stdout, json.loads(out.read_text())
 
 
+@pytest.mark.once  # the harness, not the library: run once (its rows per backend: benchmarks/)
 def test_quick_run_writes_json(tmp_path, backend):
     stdout, result = quick_run(
         tmp_path, backend, "--rows", "gpt2_tiny", "--contenders", "ours"

@@ -253,6 +253,7 @@ def test_chat_loop(trained, template_file, capsys, monkeypatch):
     assert out == f"{replies[0]}\n(new conversation)\n{replies[1]}\n"
 
 
+@pytest.mark.once  # reading a pipe is the same on every backend; chat per backend: test_chat.py
 def test_chat_through_a_pipe(trained, template_file):
     _, output, _ = trained
     result = subprocess.run(

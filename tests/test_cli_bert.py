@@ -99,6 +99,7 @@ def test_train_bert_saves_preset_with_preprocessor(pretrained):
     np.testing.assert_allclose(logits, expected, atol=1e-4)
 
 
+@pytest.mark.once  # the command end to end; classifier fit per backend: test_bert.py
 def test_finetune_string_labels_reloads_and_predicts(finetuned):
     model, output, out = finetuned
     assert "Validation accuracy per epoch" in out and "majority class" in out
@@ -135,6 +136,7 @@ def bert_hf_dir(tmp_path_factory, csv_file):
     return path
 
 
+@pytest.mark.once  # the command end to end; BERT conversion per backend: test_convert_bert.py
 def test_finetune_from_hugging_face_directory(tmp_path, bert_hf_dir, csv_file):
     output = tmp_path / "classifier"
     argv = ["finetune", str(bert_hf_dir), "--data", str(csv_file), "--epochs", "1"]

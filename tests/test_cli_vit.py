@@ -92,6 +92,7 @@ def test_train_on_idx_file_saves_a_classifier(trained_idx, idx_file):
     np.testing.assert_allclose(logits, model.predict(x[:6], verbose=0), atol=1e-4)
 
 
+@pytest.mark.once  # another input format: reading images is the same on every backend
 def test_train_on_image_folder_with_test_images(tmp_path, image_folder, idx_file):
     output = tmp_path / "vit_folder"
     argv = ["train", "vit_tiny_28", "--images", str(image_folder)]
@@ -135,6 +136,7 @@ def test_image_size_option_and_errors(capsys, tmp_path, idx_file):
     assert status == 2 and "labels file not found" in err
 
 
+@pytest.mark.once  # the command end to end; ViT at other sizes per backend: test_vit.py
 def test_train_at_another_image_size(tmp_path, idx_file):
     output = tmp_path / "vit14"
     argv = ["train", "vit_tiny_28", "--images", str(idx_file), "--output", str(output)]
@@ -146,6 +148,7 @@ def test_train_at_another_image_size(tmp_path, idx_file):
     assert np.asarray(logits).shape == (1, 2)
 
 
+@pytest.mark.once  # the installed data set end to end; ViT fit per backend: test_vit.py
 @pytest.mark.skipif(
     not (images.FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
     reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)",

@@ -38,6 +38,10 @@ def _name(path):
     return path.relative_to(ROOT).as_posix()
 
 
+# The examples run once, on PyTorch (eager: the cheapest backend for them;
+# scripts/test_all.sh). What they do on each backend, the tests of each
+# module check on all three.
+@pytest.mark.once
 @pytest.mark.parametrize("module", MODULES)
 def test_docstring_examples(module):
     mod = importlib.import_module(module)
@@ -48,6 +52,7 @@ def test_docstring_examples(module):
     assert result.failed == 0
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=_name)
 def test_python_blocks_run(page, tmp_path, monkeypatch):
     """A page's ```python blocks run in order in one namespace (a block may

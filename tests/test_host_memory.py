@@ -58,6 +58,7 @@ def probe(setup, **env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.once  # the C library's allocator: the same under every backend
 def test_freed_memory_is_reused_without_page_faults():
     pages = 2**28 // os.sysconf("SC_PAGE_SIZE")
     plain = probe("SET = None")
@@ -72,6 +73,7 @@ def test_freed_memory_is_reused_without_page_faults():
     assert kept["faults"][1] < pages // 20  # the second reuses the kept block
 
 
+@pytest.mark.once  # the C library's allocator: the same under every backend
 def test_the_environment_can_leave_the_allocator_alone():
     off = probe(
         "from keras_transformers.backend.host_memory import retain_freed_memory\n"

@@ -247,6 +247,7 @@ _fit(model, make_data, {backup!r}, Hang())
 """
 
 
+@pytest.mark.once  # a killed process: run once; resuming per backend: test_resumed_fit_matches_uninterrupted
 def test_killed_process_resumes(tmp_path):
     """A process killed (SIGKILL) after the backup of step k resumes in
     another process to the uninterrupted weights."""

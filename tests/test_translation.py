@@ -367,6 +367,7 @@ def test_bleu_with_and_without_sacrebleu(monkeypatch):
 # -- the command ------------------------------------------------------------
 
 
+@pytest.mark.once  # the command end to end; fit and translate per backend: test_seq2seq*.py
 def test_cli_train_then_translate(trained, capsys):
     output, out = trained
     for name in ("config.json", "model.weights.h5", "tokenizer"):
