@@ -24,6 +24,17 @@ from keras_transformers.models import GPTBackbone, GPTCausalLM
 LAYER = dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6)
 
 
+def compiled(fn):
+    """`fn`, on JAX as one compiled program per input shape: eager JAX
+    compiles each op of the delta rules' chunk loops on its own (several
+    times the cost)."""
+    if keras.config.backend() != "jax":
+        return fn
+    import jax
+
+    return jax.jit(fn)
+
+
 def _rule_inputs(batch=2, length=11, heads=3, dk=4, dv=5):
     rng = np.random.default_rng(0)
     q, k = (rng.normal(size=(batch, length, heads, dk)) for _ in range(2))
@@ -41,8 +52,10 @@ def test_chunked_form_equals_recurrent_form(chunk):
     """Chunks of any size (the last one padded, or the whole sequence)
     give the one-token-at-a-time outputs and final state."""
     inputs = _rule_inputs()
-    out, state = recurrent_delta_rule(*inputs)
-    chunked, chunked_state = chunked_delta_rule(*inputs, chunk_size=chunk)
+    out, state = compiled(recurrent_delta_rule)(*inputs)
+    chunked, chunked_state = compiled(
+        lambda *a: chunked_delta_rule(*a, chunk_size=chunk)
+    )(*inputs)
     assert_close(chunked, out, atol=1e-5)
     assert_close(chunked_state, state, atol=1e-5)
 
@@ -56,14 +69,16 @@ def test_cached_decoding_equals_the_full_sequence():
     """A 3-token prefill through the cache, then one token at a time,
     gives the outputs of one pass over 9 tokens (3 chunks of 4)."""
     layer = GatedDeltaNet(**LAYER, chunk_size=4)
+    layer.build((2, 9, 16))
     x = np.random.default_rng(1).normal(size=(2, 9, 16)).astype("float32")
-    full = to_numpy(layer(x))
+    full = to_numpy(compiled(layer)(x))
     cache = layer.init_cache(2, 9, "float32")
     assert [tuple(c.shape) for c in cache] == [(2, 3, 2 * 16 + 24), (2, 4, 8, 6)]
-    out, cache = layer(x[:, :3], cache=cache, cache_index=0)
+    step = compiled(lambda x, cache, t: layer(x, cache=cache, cache_index=t))
+    out, cache = step(x[:, :3], cache, 0)
     steps = [to_numpy(out)]
     for t in range(3, 9):
-        out, cache = layer(x[:, t : t + 1], cache=cache, cache_index=t)
+        out, cache = step(x[:, t : t + 1], cache, t)
         steps.append(to_numpy(out))
     assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -72,17 +87,19 @@ def test_padding():
     """Changing right-padded inputs leaves the real positions' outputs;
     a left-padded row gives the outputs of the unpadded row."""
     layer = GatedDeltaNet(**LAYER)
+    layer.build((None, None, 16))
+    run = compiled(lambda x, mask: layer(x, key_padding_mask=mask))
     rng = np.random.default_rng(2)
     x = rng.normal(size=(1, 6, 16)).astype("float32")
     mask = np.array([[1, 1, 1, 1, 0, 0]], bool)
     other = x.copy()
     other[:, 4:] = rng.normal(size=(1, 2, 16))
-    a, b = (to_numpy(layer(v, key_padding_mask=mask)) for v in (x, other))
+    a, b = (to_numpy(run(v, mask)) for v in (x, other))
     assert_close(a[:, :4], b[:, :4], atol=1e-6)
     left = np.concatenate([rng.normal(size=(1, 2, 16)).astype("float32"), x], 1)
     left_mask = np.array([[0, 0] + [1] * 6], bool)
-    padded = to_numpy(layer(left, key_padding_mask=left_mask))
-    assert_close(padded[:, 2:], to_numpy(layer(x)), atol=1e-5)
+    padded = to_numpy(run(left, left_mask))
+    assert_close(padded[:, 2:], to_numpy(compiled(layer)(x)), atol=1e-5)
 
 
 def test_gated_attention_multiplies_heads_by_a_sigmoid_gate():
@@ -139,11 +156,12 @@ def test_stack_parameters_and_generation():
     rng = np.random.default_rng(4)
     rows = [rng.integers(1, 64, 34).tolist(), rng.integers(1, 64, 37).tolist()]
     ours = np.asarray(lm.generate(rows, max_new_tokens=4, stop_token_ids=None))
+    forward = compiled(lm)
     for row, generated in zip(rows, ours):
         ids = np.zeros((1, 41), "int32")  # one shape: one compilation
         ids[0, : len(row)] = row
         for t in range(len(row), len(row) + 4):
-            logits = to_numpy(lm(ids))
+            logits = to_numpy(forward(ids))
             ids[0, t] = logits[0, t - 1].argmax()
         assert generated[: len(row) + 4].tolist() == ids[0, : len(row) + 4].tolist()
 
@@ -185,7 +203,8 @@ def test_mixed_precision_keeps_the_state_in_float32():
     x = keras.ops.cast(x, "bfloat16")  # as the embeddings give it
     block.build((None, None, 16))
     cache = block.init_cache(2, 8, "bfloat16")
-    out, cache = block(x, cache=cache, cache_index=0)
-    out, cache = block(x[:, :1], cache=cache, cache_index=3)
+    step = compiled(lambda x, cache, t: block(x, cache=cache, cache_index=t))
+    out, cache = step(x, cache, 0)
+    out, cache = step(x[:, :1], cache, 3)
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
     assert keras.backend.standardize_dtype(cache[1].dtype) == "float32"
