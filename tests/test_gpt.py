@@ -90,25 +90,27 @@ def test_cached_decoding_equals_full_forward(lm, ids):
     assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-def _naive_greedy(lm, prompt, steps):
-    """Greedy decoding by full forward passes, without a cache. Each pass
-    reads a row of one fixed length (the model is causal: positions after
-    the sequence change nothing before them), so eager JAX compiles each
-    op once instead of once per length."""
-    seq = list(prompt)
-    row = np.zeros((1, len(prompt) + steps), "int32")
+def _naive_greedy(lm, prompts, steps, width=12):
+    """Greedy decoding of each prompt by full forward passes, without a
+    cache: one pass per step over all rows, each right-padded to `width`
+    (the model is causal: positions after a sequence change nothing before
+    them), so eager JAX compiles each op once, for the `[2, 12]` shape the
+    other tests' `ids` already use."""
+    seqs = [list(prompt) for prompt in prompts]
+    rows = np.zeros((len(seqs), width), "int32")
     for _ in range(steps):
-        row[0, : len(seq)] = seq
-        logits = to_numpy(lm(row))
-        seq.append(int(logits[0, len(seq) - 1].argmax()))
-    return seq
+        for row, seq in zip(rows, seqs):
+            row[: len(seq)] = seq
+        logits = to_numpy(lm(rows))
+        for i, seq in enumerate(seqs):
+            seq.append(int(logits[i, len(seq) - 1].argmax()))
+    return seqs
 
 
 def test_generate_greedy_matches_naive_loop_and_batches(lm):
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
     out = lm.generate(prompts, max_new_tokens=6, stop_token_ids=None)
-    for row, prompt in zip(out, prompts):
-        expected = _naive_greedy(lm, prompt, 6)
+    for row, expected in zip(out, _naive_greedy(lm, prompts, 6)):
         assert row[: len(expected)].tolist() == expected
     assert out.shape == (2, 11)
 
@@ -136,15 +138,16 @@ def test_prefill_logits_choose_the_first_new_token(stream, monkeypatch):
         stream=(lambda tokens: None) if stream else None,
     )
     assert calls == list(range(3, 10))  # positions 4..10 from 3..9
-    for row, prompt in zip(out, prompts):
-        assert row[: len(prompt) + 6].tolist() == _naive_greedy(model, prompt, 6)
+    for row, expected in zip(out, _naive_greedy(model, prompts, 6)):
+        assert row[: len(expected)].tolist() == expected
 
 
 def test_generate_stop_tokens_and_streaming(lm):
     prompt = [[5, 6, 7]]
     free = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[0]
     stop = int(free[3])  # the first generated token
-    stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop])[0]
+    # A list and an array of the same ids: one compiled loop serves both.
+    stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop, 0])[0]
     assert stopped.tolist() == free.tolist()[:4]
     as_array = lm.generate(prompt, max_new_tokens=6, stop_token_ids=np.array([stop, 0]))
     assert as_array[0].tolist() == stopped.tolist()
