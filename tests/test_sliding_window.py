@@ -171,7 +171,7 @@ def test_model_cached_decoding_equals_full_forward(rng):
 @pytest.mark.parametrize(
     "window, lengths, new",
     [
-        (8, (3, 13), 20),  # no prefill: the loop feeds every prompt token
+        # (8, (3, 13), 20), no prefill: test_generate_streaming
         (8, (35, 40), 12),  # a 32-token prefill, then a ring cache of 8
         (40, (4, 9), 12),  # buffer of 32 < window: a short cache, never full
     ],
@@ -185,19 +185,21 @@ def test_generate_greedy_equals_full_forward(rng, window, lengths, new):
 
 
 def test_generate_streaming(rng):
+    """Also the no-prefill case of test_generate_greedy_equals_full_forward:
+    the loop feeds every prompt token, the compiled and the streamed loop."""
     lm = _lm(8)
     prompts = _prompts(rng, (3, 13))
-    out = lm.generate(prompts, max_new_tokens=10, stop_token_ids=None)
+    out = lm.generate(prompts, max_new_tokens=20, stop_token_ids=None)
     streamed = []
     again = lm.generate(
         prompts,
-        max_new_tokens=10,
+        max_new_tokens=20,
         stop_token_ids=None,
         stream=lambda t: streamed.append(np.asarray(t)),
     )
     np.testing.assert_array_equal(again, out)
-    for row, expected in zip(again, _reference_greedy(lm, prompts, 10)):
+    for row, expected in zip(out, _reference_greedy(lm, prompts, 20)):
         assert row[: len(expected)].tolist() == expected
     streamed = np.stack(streamed)  # [steps, B]
     for row, prompt, tokens in zip(out, prompts, streamed.T):
-        assert tokens[tokens >= 0].tolist() == row[len(prompt) :][:10].tolist()
+        assert tokens[tokens >= 0].tolist() == row[len(prompt) :][:20].tolist()
