@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).parents[1]
 LORA_ARGS = ["--epochs", "3", "--batch-size", "8", "--sequence-length", "24"]
-LORA_ARGS += ["--learning-rate", "0.01", "--lora-rank", "4"]
+LORA_ARGS += ["--learning-rate", "0.01", "--lora-rank", "4", "--checkpoint-every", "2"]
 
 
 def _run(argv):
@@ -80,11 +80,17 @@ def pairs_csv(tmp_path_factory):
     return path
 
 
+def _tune_argv(llama_dir, pairs_csv):
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(pairs_csv)]
+    return argv + ["--merge"] + LORA_ARGS
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, llama_dir, pairs_csv):
+    """One LoRA run (checkpointing, uninterrupted): the tests read it, and
+    test_causal_lm_lora_resumes_exactly compares an interrupted run to it."""
     output = tmp_path_factory.mktemp("runs") / "lora"
-    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(pairs_csv)]
-    model, out = _run(argv + ["--output", str(output), "--merge"] + LORA_ARGS)
+    model, out = _run(_tune_argv(llama_dir, pairs_csv) + ["--output", str(output)])
     return model, output, out
 
 
@@ -145,17 +151,17 @@ def _offline_hub(monkeypatch, cache, repos):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(cache / "no-token"))
 
 
-def test_causal_lm_lora_resumes_exactly(tmp_path, llama_dir, pairs_csv, monkeypatch):
+def test_causal_lm_lora_resumes_exactly(
+    tmp_path, tuned, llama_dir, pairs_csv, monkeypatch
+):
     """Interrupted one step into its second epoch (5 batches an epoch) and
-    resumed with --resume: the adapter equals an uninterrupted run's."""
+    resumed with --resume: the adapter equals the uninterrupted run's
+    (`tuned`, the same arguments)."""
     from test_resume import Interrupt
 
     from keras_transformers.cli import resume
 
-    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(pairs_csv)]
-    argv += LORA_ARGS[:2] + ["--batch-size", "8", "--sequence-length", "24"]
-    argv += ["--lora-rank", "4", "--checkpoint-every", "2"]
-    _run(argv + ["--output", str(tmp_path / "reference")])
+    argv = _tune_argv(llama_dir, pairs_csv)
     real = resume.resume_callbacks
     with monkeypatch.context() as patch:
         patch.setattr(resume, "resume_callbacks", lambda a: [*real(a), Interrupt(6)])
@@ -164,7 +170,7 @@ def test_causal_lm_lora_resumes_exactly(tmp_path, llama_dir, pairs_csv, monkeypa
     assert (tmp_path / "resumed" / "checkpoint").is_dir()
     _run(argv + ["--output", str(tmp_path / "resumed"), "--resume"])
     assert not (tmp_path / "resumed" / "checkpoint").exists()
-    models = [lora.load_finetuned(tmp_path / n) for n in ("reference", "resumed")]
+    models = [lora.load_finetuned(path) for path in (tuned[1], tmp_path / "resumed")]
     expected, resumed = ({v.path: np.asarray(v) for v in m.weights} for m in models)
     assert expected.keys() == resumed.keys()
     for path, value in expected.items():
