@@ -156,8 +156,8 @@ def test_config_mapping(hf_dirs, tmp_path):
     assert mixtral.config_from_hf({})["rope_max_wavelength"] == 1e6
 
 
-def _random_keras_lm(sliding_window=None, expert_dim=None, tied=False):
-    config = TransformerConfig(
+def _config(sliding_window=None, expert_dim=None, tied=False):
+    return TransformerConfig(
         vocabulary_size=VOCAB,
         num_layers=2,
         hidden_dim=32,
@@ -182,7 +182,10 @@ def _random_keras_lm(sliding_window=None, expert_dim=None, tied=False):
             router_aux_loss_coef=0.03,
         ),
     )
-    return randomize_weights(MixtralCausalLM(config=config))
+
+
+def _random_keras_lm(**fields):
+    return randomize_weights(MixtralCausalLM(config=_config(**fields)))
 
 
 @pytest.mark.parametrize(
@@ -266,8 +269,7 @@ def test_fused_layout_shape_errors(hf_dirs, tmp_path):
     ],
 )
 def test_export_rejects_unrepresentable(tmp_path, moe, match):
-    lm = _random_keras_lm()
-    config = lm.backbone.config
+    config = _config()  # no model built for it
     bad = MixtralCausalLM(config=config.replace(moe=config.moe.replace(**moe)))
     with pytest.raises(ValueError, match=match):
         export_hf(bad, tmp_path)
