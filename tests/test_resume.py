@@ -125,6 +125,24 @@ FAMILIES = {
 }
 
 
+_BUILT = {}
+
+
+def _built(family):
+    """`(model, make_data, initial)` of a family: its model, built once (seed
+    0) and compiled, shared by the tests, which each start by setting the
+    `initial` state back (the same model as a fresh build, and no second
+    trace of its training step)."""
+    if family not in _BUILT:
+        keras.utils.set_random_seed(0)
+        model, make_data = FAMILIES[family](np.random.default_rng(0))
+        _compile(model)
+        _BUILT[family] = model, make_data, _state(model)
+    model, make_data, initial = _BUILT[family]
+    _set_state(model, initial)
+    return model, make_data, initial
+
+
 def _state(model):
     return [keras.ops.convert_to_numpy(v) for v in _variables(model)]
 
@@ -162,11 +180,8 @@ def _assert_same(model, expected):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_resumed_fit_matches_uninterrupted(family, tmp_path, rng):
-    keras.utils.set_random_seed(0)
-    model, make_data = FAMILIES[family](rng)
-    _compile(model)
-    initial = _state(model)
+def test_resumed_fit_matches_uninterrupted(family, tmp_path):
+    model, make_data, initial = _built(family)
     _fit(model, make_data, tmp_path / "reference")
     expected = _state(model)
     assert int(model.optimizer.iterations) == EPOCHS * STEPS
@@ -184,10 +199,8 @@ def test_resumed_fit_matches_uninterrupted(family, tmp_path, rng):
     assert not (tmp_path / "backup").exists()  # deleted once fit completes
 
 
-def test_model_checkpoint_keras_file_continues_identically(tmp_path, rng):
-    keras.utils.set_random_seed(0)
-    model, make_data = _gpt(rng)
-    _compile(model)
+def test_model_checkpoint_keras_file_continues_identically(tmp_path):
+    model, make_data, _ = _built("gpt2")
     path = str(tmp_path / "model.keras")
     checkpoint = keras.callbacks.ModelCheckpoint(path)
     model.fit(make_data(), epochs=1, shuffle=False, verbose=0, callbacks=[checkpoint])
