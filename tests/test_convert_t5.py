@@ -110,6 +110,15 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
+@pytest.fixture(scope="module")
+def lms(hf_dirs):
+    """The v1.0 and v1.1 LMs for the tests that only read them: loaded once,
+    and each compiled generation loop serves every test that reuses it."""
+    return {
+        kind: keras_transformers.from_preset(hf_dirs[kind]) for kind in ("v1.0", "v1.1")
+    }
+
+
 def _batch():
     """Sources `[2, 22]` and targets `[2, 20]` (starting with the decoder
     start token); the second pair is right-padded on both sides."""
@@ -156,14 +165,14 @@ def test_logits_match(hf_dirs, kind, recwarn):
     record(f"T5 {kind} encoder", _encoded(model), expected, source_mask)
 
 
-def test_keras_preset_round_trip(hf_dirs, tmp_path):
-    lm = keras_transformers.from_preset(hf_dirs["v1.0"])
+def test_keras_preset_round_trip(lms, tmp_path):
+    lm = lms["v1.0"]
     lm.save_to_preset(tmp_path / "preset")
     back = keras_transformers.from_preset(tmp_path / "preset")
     assert back.config == lm.config
     np.testing.assert_allclose(_ours(back), _ours(lm), atol=1e-6)
-    text = "the house is old"
-    assert back.generate(text, max_new_tokens=4) == lm.generate(text, max_new_tokens=4)
+    text = "the house is old"  # as test_generate_text: lm's loop compiled once
+    assert back.generate(text, max_new_tokens=8) == lm.generate(text, max_new_tokens=8)
 
 
 def test_hidden_states_match(hf_dirs, recwarn):
@@ -199,8 +208,8 @@ def test_missing_lm_head_is_tied(hf_dirs, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["v1.0", "v1.1"])
-def test_cached_decoding_equals_full_forward(hf_dirs, kind):
-    lm = keras_transformers.from_preset(hf_dirs[kind])
+def test_cached_decoding_equals_full_forward(lms, kind):
+    lm = lms[kind]
     source, source_mask, target, _ = _batch()
     inputs = {
         "encoder_token_ids": source,
@@ -232,17 +241,17 @@ def _hf_generate(path, ids, **kwargs):
 
 
 @pytest.mark.parametrize("kind", ["v1.0", "v1.1"])
-def test_greedy_matches_transformers(hf_dirs, kind):
-    lm = keras_transformers.from_preset(hf_dirs[kind])
+def test_greedy_matches_transformers(hf_dirs, lms, kind):
+    lm = lms[kind]
     prompt = _batch()[0][:1]
     expected = _hf_generate(hf_dirs[kind], prompt, max_new_tokens=20, eos_token_id=None)
     ours = lm.generate(prompt, max_new_tokens=20, stop_token_ids=None)
     np.testing.assert_array_equal(np.asarray(ours), expected)
 
 
-def test_generate_text(hf_dirs):
+def test_generate_text(hf_dirs, lms):
     """Text in, text out, through the checkpoint's Unigram tokenizer.json."""
-    lm = keras_transformers.from_preset(hf_dirs["v1.0"])
+    lm = lms["v1.0"]
     text = "the house is old"
     ids = _tokenizer()(text)["input_ids"]  # ends with </s>
     expected = _hf_generate(hf_dirs["v1.0"], [ids], max_new_tokens=8, eos_token_id=EOS)
