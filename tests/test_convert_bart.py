@@ -8,6 +8,7 @@ problem."""
 
 import json
 import shutil
+import warnings
 
 import keras
 import numpy as np
@@ -120,6 +121,25 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
+@pytest.fixture(scope="module")
+def converted(hf_dirs):
+    """`converted(kind) -> (model, warnings its loading gave)`: the
+    checkpoint's conversion, loaded once per kind and shared by the tests
+    that only read it (compiled generation loops are kept on the model, so
+    its tests reuse them)."""
+    models = {}
+
+    def load(kind):
+        if kind not in models:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = keras_transformers.from_preset(hf_dirs[kind])
+            models[kind] = model, [str(w.message) for w in caught]
+        return models[kind]
+
+    return load
+
+
 def _batch():
     """Sources `[2, 9]` and targets `[2, 7]` (starting with the decoder start
     token); the second pair is right-padded on both sides."""
@@ -151,11 +171,11 @@ def _ours(model):
 
 
 @pytest.mark.parametrize("kind", ["lm", "untied"])
-def test_logits_match(hf_dirs, kind, recwarn):
-    model = keras_transformers.from_preset(hf_dirs[kind])
+def test_logits_match(hf_dirs, converted, kind):
+    model, caught = converted(kind)
     assert type(model) is Seq2SeqLM
     assert model.backbone.token_embedding.tie_weights == (kind == "lm")
-    assert not [w for w in recwarn if "not used" in str(w.message)]
+    assert not [w for w in caught if "not used" in w]
     bias = keras.ops.convert_to_numpy(model.backbone.logits_bias)
     assert np.abs(bias).min() > 0  # the random final_logits_bias was loaded
     expected = _hf(hf_dirs[kind], "BartForConditionalGeneration")
@@ -170,8 +190,8 @@ def test_logits_match(hf_dirs, kind, recwarn):
     )
 
 
-def test_keras_preset_round_trip(hf_dirs, tmp_path):
-    lm = keras_transformers.from_preset(hf_dirs["untied"])
+def test_keras_preset_round_trip(converted, tmp_path):
+    lm, _ = converted("untied")
     assert lm.generation_config.decoder_start_token_id == EOS
     lm.save_to_preset(tmp_path / "preset")
     back = keras_transformers.from_preset(tmp_path / "preset")
@@ -204,8 +224,8 @@ def test_hidden_states_match(hf_dirs, recwarn):
     record("BartModel as LM logits", _ours(lm), expected, target_mask)
 
 
-def test_cached_decoding_equals_full_forward(hf_dirs):
-    lm = keras_transformers.from_preset(hf_dirs["untied"])
+def test_cached_decoding_equals_full_forward(converted):
+    lm, _ = converted("untied")
     source, source_mask, target, _ = _batch()
     full = keras.ops.convert_to_numpy(
         lm(
@@ -243,8 +263,8 @@ def _hf_generate(path, ids, **kwargs):
 
 
 @pytest.mark.parametrize("kind", ["lm", "untied"])
-def test_greedy_matches_transformers(hf_dirs, kind):
-    lm = keras_transformers.from_preset(hf_dirs[kind])
+def test_greedy_matches_transformers(hf_dirs, converted, kind):
+    lm, _ = converted(kind)
     prompt = _batch()[0][:1]
     expected = _hf_generate(hf_dirs[kind], prompt, max_new_tokens=8, eos_token_id=None)
     ours = lm.generate(prompt, max_new_tokens=8, stop_token_ids=None)
