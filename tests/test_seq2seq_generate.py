@@ -39,15 +39,20 @@ def lm():
 def _log_probs(lm, source, prefixes):
     """Uncached forward pass: next-token log-probs `[len(prefixes), V]` of
     each target prefix (start token excluded) for one source. Targets are
-    padded to one fixed shape (the decoder is causal), so each backend
-    compiles the forward pass once per source."""
+    padded to one fixed shape (the decoder is causal) and sources to another
+    (right padding, masked), so each backend compiles the forward pass
+    once."""
     targets = np.full((4, 8), PAD, "int32")
     for i, prefix in enumerate(prefixes):
         targets[i, : len(prefix) + 1] = [START] + list(prefix)
-    sources = np.repeat(np.array([source], "int32"), len(targets), axis=0)
+    sources = np.repeat(_padded([source], 8), len(targets), axis=0)
     logits = to_numpy(
         lm.predict_on_batch(
-            {"encoder_token_ids": sources, "decoder_token_ids": targets}
+            {
+                "encoder_token_ids": sources,
+                "encoder_padding_mask": sources != PAD,
+                "decoder_token_ids": targets,
+            }
         )
     )
     rows = np.arange(len(prefixes))
@@ -241,16 +246,21 @@ class LetterTokenizer:
         return "".join(chr(ord("a") + i - 3) for i in ids)
 
 
+# Four texts and three beams: the shapes and settings of
+# test_batched_and_dict_inputs_equal_one_at_a_time, whose compiled loops serve.
+TEXTS = ["abc", "hello", "xyz", "keras"]
+
+
 def test_text_inputs_append_the_end_token_and_decode(lm):
     lm.tokenizer = LetterTokenizer()
     try:
-        texts = lm.generate(["abc", "hello"], max_new_tokens=5, num_beams=2)
-        single = lm.generate("abc", max_new_tokens=5, num_beams=2)
+        texts = lm.generate(TEXTS, max_new_tokens=5, num_beams=3)
+        single = lm.generate("abc", max_new_tokens=5, num_beams=3)
     finally:
         lm.tokenizer = None
     tokenizer = LetterTokenizer()
-    sources = [tokenizer.encode(t) + [EOS] for t in ("abc", "hello")]
-    ids = lm.generate(sources, max_new_tokens=5, num_beams=2)
+    sources = [tokenizer.encode(t) + [EOS] for t in TEXTS]
+    ids = lm.generate(sources, max_new_tokens=5, num_beams=3)
     assert texts == [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
     assert single == texts[0]
 
@@ -280,9 +290,9 @@ def test_generate_errors(lm):
 
 
 def test_generation_functions_are_cached_on_the_model(lm):
-    lm.generate(SOURCES[:1], max_new_tokens=3, num_beams=2)
+    lm.generate(SOURCES[:1], max_new_tokens=3, num_beams=3)
     count = len(lm._generate_functions)
-    lm.generate(SOURCES[1:], max_new_tokens=4, num_beams=2)  # same buckets
+    lm.generate(SOURCES, max_new_tokens=4, num_beams=3)  # same buckets
     assert len(lm._generate_functions) == count
 
 
