@@ -37,20 +37,27 @@ def _prompts(model, rng, lengths):
 
 def _full_forward_greedy(model, prompts):
     """Greedy continuation of equal-length prompts, each token from a full
-    forward pass over the sequence so far (no cache, no compilation)."""
-    ids = np.asarray(prompts, "int32")
-    for _ in range(NEW_TOKENS):
-        logits = keras.ops.convert_to_numpy(model(ids))[:, -1]
-        ids = np.concatenate([ids, logits.argmax(-1)[:, None].astype("int32")], 1)
+    forward pass over the sequence so far (no cache, no compilation). The
+    passes read one fixed width (the model is causal: the zeros after the
+    sequence change nothing before them), so eager JAX compiles each op
+    once instead of once per length."""
+    length = len(prompts[0])
+    ids = np.zeros((len(prompts), length + NEW_TOKENS), "int32")
+    ids[:, :length] = prompts
+    for position in range(length, length + NEW_TOKENS):
+        logits = keras.ops.convert_to_numpy(model(ids))[:, position - 1]
+        ids[:, position] = logits.argmax(-1)
     return ids
 
 
 def _seq2seq_full_forward_greedy(model, sources, start):
     """Greedy targets of a `Seq2SeqLM`, each token from a full decoder pass
-    over the target so far (no cache, no compilation)."""
+    over the target so far (no cache, no compilation), padded to one width
+    as in `_full_forward_greedy` (the decoder is causal)."""
     sources = np.asarray(sources, "int32")
-    targets = np.full((len(sources), 1), start, "int32")
-    for _ in range(NEW_TOKENS):
+    targets = np.zeros((len(sources), NEW_TOKENS), "int32")
+    targets[:, 0] = start
+    for position in range(1, NEW_TOKENS + 1):
         logits = model(
             {
                 "encoder_token_ids": sources,
@@ -59,9 +66,10 @@ def _seq2seq_full_forward_greedy(model, sources, start):
                 "decoder_padding_mask": np.ones(targets.shape, bool),
             }
         )
-        token = keras.ops.convert_to_numpy(logits)[:, -1].argmax(-1)
-        targets = np.concatenate([targets, token[:, None].astype("int32")], 1)
-    return targets[:, 1:]
+        token = keras.ops.convert_to_numpy(logits)[:, position - 1].argmax(-1)
+        if position < NEW_TOKENS:
+            targets[:, position] = token
+    return np.concatenate([targets[:, 1:], token[:, None].astype("int32")], 1)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "mixtral"])
