@@ -287,7 +287,7 @@ def test_stop_strings_need_a_tokenizer(tiny):
 def test_seq2seq_min_new_tokens_and_penalty():
     from keras_transformers.models import Seq2SeqLM
 
-    lm = Seq2SeqLM.from_preset("transformer_tiny")
+    lm = Seq2SeqLM.from_preset("transformer_tiny", num_layers=1)
     source = [[5, 6, 7, 2]]
     free = lm.generate(source, max_new_tokens=6, stop_token_ids=None)[0].tolist()
     stop = free[1]
