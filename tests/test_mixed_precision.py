@@ -89,6 +89,48 @@ def dtype_of(x):
     return keras.backend.standardize_dtype(x.dtype)
 
 
+@pytest.fixture(scope="module")
+def models():
+    """`models(name, policy)`: `build(name, policy)`, built once per file
+    (each from the same seed) and shared by the tests below, which read it
+    or (`fit`) train it a few steps; `fresh=True` first restores the
+    weights it was built with."""
+    cache = {}
+
+    def get(name, policy, fresh=False):
+        if (name, policy) not in cache:
+            keras.utils.set_random_seed(1234)
+            model = build(name, policy)
+            cache[name, policy] = model, model.get_weights()
+        model, weights = cache[name, policy]
+        if fresh:
+            model.set_weights(weights)
+        return model
+
+    return get
+
+
+def traced(fn, *args):
+    """`fn(*args)`; on JAX only its outputs' shapes and dtypes, by tracing
+    (compiling each op of an eager call costs more than `generate`)."""
+    if keras.config.backend() == "jax":
+        import jax
+
+        return jax.eval_shape(fn, *args)
+    return fn(*args)
+
+
+def forward(model, x):
+    """`model(x)` (on JAX as one compiled program, not op by op)."""
+    if keras.config.backend() != "jax":
+        return model(x)
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    other = [v.value for v in model.non_trainable_variables]
+    return jax.jit(model.stateless_call)(trainable, other, x)[0]
+
+
 class RecordingLoss(MaskedSparseCategoricalCrossentropy):
     """The package loss, noting the dtype of the logits it receives (inside
     the compiled train step: the runtime dtype)."""
@@ -105,8 +147,8 @@ class RecordingLoss(MaskedSparseCategoricalCrossentropy):
 # ---------------------------------------------------------------- training
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", MAIN)
-def test_fit_is_finite_and_lowers_the_loss(name, policy, rng):
-    model = build(name, policy)
+def test_fit_is_finite_and_lowers_the_loss(name, policy, rng, models):
+    model = models(name, policy, fresh=True)
     assert model.dtype_policy.name == policy
     assert {dtype_of(w) for w in model.weights} == {"float32"}
     x, y = batch(name, rng)
@@ -129,14 +171,16 @@ def test_fit_is_finite_and_lowers_the_loss(name, policy, rng):
 # -------------------------------------------------------------- generation
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", GENERATORS)
-def test_generation_with_a_compute_dtype_cache(name, policy):
-    model = build(name, policy)
+def test_generation_with_a_compute_dtype_cache(name, policy, models):
+    model = models(name, policy)
     compute = model.compute_dtype
     backbone = model.backbone
     if name == "seq2seq":
-        encoded = backbone.encode(np.array([[5, 6, 7, 2]], "int32"))
-        self_cache, cross_cache = backbone.init_cache(encoded, 8)
-        caches = [*self_cache, *cross_cache]
+        caches = traced(
+            lambda ids: backbone.init_cache(backbone.encode(ids), 8),
+            np.array([[5, 6, 7, 2]], "int32"),
+        )
+        caches = [*caches[0], *caches[1]]  # self- and cross-attention
         outputs = [
             model.generate([[5, 6, 7, 2], [8, 9, 2]], max_new_tokens=4),
             model.generate([[5, 6, 7, 2]], max_new_tokens=4, num_beams=2),
@@ -144,7 +188,11 @@ def test_generation_with_a_compute_dtype_cache(name, policy):
     else:
         prompts = np.array([[5, 6, 7], [8, 9, 10]], "int32")
         # One cached step by hand: logits and the updated cache keep the dtype.
-        logits, caches = model.call_with_cache(prompts, backbone.init_cache(2, 8), 0)
+        logits, caches = traced(
+            lambda p, c: model.call_with_cache(p, c, 0),
+            prompts,
+            backbone.init_cache(2, 8),
+        )
         assert dtype_of(logits) == compute
         outputs = [model.generate(prompts, max_new_tokens=4, stop_token_ids=None)]
         for out in outputs:
@@ -194,10 +242,10 @@ def reference_norm(layer, x, dtype):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert_masked_lm", "seq2seq", "vit"])
-def test_norms_compute_in_float32(name, policy, rng):
+def test_norms_compute_in_float32(name, policy, rng, models):
     """Every norm of the model gives the exact result rounded once to the
     compute dtype, on inputs where compute-dtype arithmetic is further off."""
-    model = build(name, policy)
+    model = models(name, policy, fresh=True)
     kinds = (keras.layers.LayerNormalization, keras.layers.RMSNormalization)
     norms = [layer for layer in model._flatten_layers() if isinstance(layer, kinds)]
     assert norms
@@ -247,10 +295,10 @@ def test_softmax_and_loss_inputs_are_float32(name, policy, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_moe_router_multiplies_in_float32(policy, rng, monkeypatch):
+def test_moe_router_multiplies_in_float32(policy, rng, monkeypatch, models):
     """The router kernel is not autocast: router logits inside the mixed
     model equal the float32 product (a compute-dtype kernel is off by ~1e-3)."""
-    model = build("mixtral", policy)
+    model = models("mixtral", policy)
     moe = next(
         layer for layer in model._flatten_layers() if isinstance(layer, SparseMoE)
     )
@@ -274,13 +322,13 @@ def test_moe_router_multiplies_in_float32(policy, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_bert_classifier_heads(policy, rng):
+def test_bert_classifier_heads(policy, rng, models):
     """Sequence and token classifiers: float32 variables, compute-dtype
     logits, float32 loss (their fit runs like the masked LM's)."""
     for name in ("bert_classifier", "bert_token_classifier"):
-        model = build(name, policy)
+        model = models(name, policy)
         x, y = batch(name, rng)
-        logits = model(x)
+        logits = forward(model, x)
         assert dtype_of(logits) == model.compute_dtype
         assert {dtype_of(w) for w in model.weights} == {"float32"}
         loss = MaskedSparseCategoricalCrossentropy()(y, logits)
