@@ -187,9 +187,12 @@ def test_overfits_a_small_batch(rng):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    history = model.fit(x, y, batch_size=8, epochs=150, verbose=0)
-    assert history.history["loss"][-1] < 0.1 * history.history["loss"][0]
-    assert history.history["accuracy"][-1] == 1.0
+    # 150 steps on the one batch: `train_on_batch` gives each step's loss and
+    # accuracy as `fit(epochs=150)` does, without fit's per-epoch set-up
+    # (on TensorFlow 9 s of CPU instead of 15 s); fit runs below.
+    logs = [model.train_on_batch(x, y, return_dict=True) for _ in range(150)]
+    assert logs[-1]["loss"] < 0.1 * logs[0]["loss"]
+    assert logs[-1]["accuracy"] == 1.0
 
 
 def test_fit_with_keras_augmentation_layers(rng):
