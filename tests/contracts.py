@@ -37,6 +37,26 @@ def toy_run_env(**extra):
     return {**os.environ, **jax_env, **extra}
 
 
+def compiled(fn):
+    """`fn`, on JAX as one compiled program per input shape (eager JAX
+    compiles each op of a new model or shape on its own: several times the
+    cost); unchanged on the other backends."""
+    if keras.config.backend() != "jax":
+        return fn
+    import jax
+
+    return jax.jit(fn)
+
+
+def compiled_forward(model, x):
+    """`model(x)`; on JAX as one compiled program (see `compiled`)."""
+    if keras.config.backend() != "jax":
+        return model(x)
+    trainable = [v.value for v in model.trainable_variables]
+    other = [v.value for v in model.non_trainable_variables]
+    return compiled(model.stateless_call)(trainable, other, x)[0]
+
+
 def to_numpy(x):
     if isinstance(x, dict):
         return {k: to_numpy(v) for k, v in x.items()}

@@ -10,7 +10,7 @@ does, and its config refuses what it cannot build."""
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, run_layer_test, to_numpy
+from contracts import assert_close, compiled, run_layer_test, to_numpy
 
 from keras_transformers import TransformerConfig
 from keras_transformers.config import LinearAttentionConfig
@@ -22,17 +22,6 @@ from keras_transformers.layers.gated_deltanet import (
 from keras_transformers.models import GPTBackbone, GPTCausalLM
 
 LAYER = dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6)
-
-
-def compiled(fn):
-    """`fn`, on JAX as one compiled program per input shape: eager JAX
-    compiles each op of the delta rules' chunk loops on its own (several
-    times the cost)."""
-    if keras.config.backend() != "jax":
-        return fn
-    import jax
-
-    return jax.jit(fn)
 
 
 def _rule_inputs(batch=2, length=11, heads=3, dk=4, dv=5):

@@ -6,7 +6,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, to_numpy
+from contracts import assert_close, compiled_forward, to_numpy
 
 import keras_transformers as kt
 from keras_transformers.layers import SparseMoE, TokenEmbedding
@@ -178,28 +178,16 @@ def text_inputs(model, ids):
     return {"token_ids": ids}
 
 
-def forward(model, x):
-    """`model(x)`; on JAX as one compiled program (eager JAX compiles each op
-    of a new model, float or int8, on its own: several times the cost)."""
-    if keras.config.backend() != "jax":
-        return model(x)
-    import jax
-
-    trainable = [v.value for v in model.trainable_variables]
-    other = [v.value for v in model.non_trainable_variables]
-    return jax.jit(model.stateless_call)(trainable, other, x)[0]
-
-
 def quantize_and_compare(model, x, tolerance=0.08):
     """Quantizes `model` to int8; returns float and int8 outputs for `x`
     after checking that every projection, embedding and MoE layer is int8
     and that the outputs differ by less than `tolerance` of their scale."""
-    expected = to_numpy(forward(model, x))
+    expected = to_numpy(compiled_forward(model, x))
     model.quantize("int8")
     kinds = (*PROJECTIONS, TokenEmbedding, SparseMoE)
     layers = [layer for layer in model._flatten_layers() if isinstance(layer, kinds)]
     assert layers and all(layer.quantization_mode == "int8" for layer in layers)
-    out = to_numpy(forward(model, x))
+    out = to_numpy(compiled_forward(model, x))
     error = np.abs(out - expected).max() / np.abs(expected).max()
     assert error < tolerance, error
     return expected, out
@@ -228,7 +216,7 @@ def test_int8_causal_lm_generate(ids, tmp_path):
     # int8 `generate` (cached decoding) makes the int8 model's own greedy
     # choices (those of a full forward pass).
     out = lm.generate(ids[:, :7], max_new_tokens=3, stop_token_ids=None)
-    greedy = to_numpy(forward(lm, out)).argmax(-1)  # [B, 10]
+    greedy = to_numpy(compiled_forward(lm, out)).argmax(-1)  # [B, 10]
     assert np.mean(out[:, 7:] == greedy[:, 6:9]) > 0.9
     with pytest.raises(ValueError, match="quantize after loading"):
         lm.save_to_preset(os.path.join(tmp_path, "preset"))

@@ -10,7 +10,7 @@ import keras
 import ml_dtypes
 import numpy as np
 import pytest
-from contracts import to_numpy
+from contracts import compiled_forward, to_numpy
 
 from keras_transformers.layers import SparseMoE
 from keras_transformers.models import (
@@ -118,17 +118,6 @@ def traced(fn, *args):
 
         return jax.eval_shape(fn, *args)
     return fn(*args)
-
-
-def forward(model, x):
-    """`model(x)` (on JAX as one compiled program, not op by op)."""
-    if keras.config.backend() != "jax":
-        return model(x)
-    import jax
-
-    trainable = [v.value for v in model.trainable_variables]
-    other = [v.value for v in model.non_trainable_variables]
-    return jax.jit(model.stateless_call)(trainable, other, x)[0]
 
 
 class RecordingLoss(MaskedSparseCategoricalCrossentropy):
@@ -328,7 +317,7 @@ def test_bert_classifier_heads(policy, rng, models):
     for name in ("bert_classifier", "bert_token_classifier"):
         model = models(name, policy)
         x, y = batch(name, rng)
-        logits = forward(model, x)
+        logits = compiled_forward(model, x)
         assert dtype_of(logits) == model.compute_dtype
         assert {dtype_of(w) for w in model.weights} == {"float32"}
         loss = MaskedSparseCategoricalCrossentropy()(y, logits)
