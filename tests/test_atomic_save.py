@@ -267,57 +267,88 @@ def test_lora_adapter_and_hf_export_are_atomic(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["adapter.lora.npz", "hf"]
 
 
-KILLED_SAVE = textwrap.dedent(
+# A process that builds `source` (a preset handle) once, then, for each
+# target read from its standard input, forks a process that saves the model
+# there (the save the test kills) and prints "saving <pid>". It reaps that
+# process only when told (a further line), so the pid the test signals is
+# never another process's, and prints "ended <wait status>".
+SAVER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import keras_transformers
-    lm = keras_transformers.from_preset(sys.argv[2])
+    lm = keras_transformers.from_preset(sys.argv[1])
     print("ready", flush=True)
-    sys.stdin.readline()
-    start = time.perf_counter()
-    lm.save_to_preset(sys.argv[1])
-    print(f"saved {time.perf_counter() - start:.3f}", flush=True)
+    for target in iter(sys.stdin.readline, ""):
+        pid = os.fork()
+        if pid == 0:
+            start = time.perf_counter()
+            lm.save_to_preset(target.strip())
+            print(f"saved {time.perf_counter() - start:.3f}", flush=True)
+            os._exit(0)
+        print(f"saving {pid}", flush=True)
+        sys.stdin.readline()
+        print(f"ended {os.waitpid(pid, 0)[1]}", flush=True)
     """
 )
 
 
-def _start_save(target, source="gpt2_small"):
-    """A process that builds `source` (a preset handle), then saves it to
-    `target` when told to; returns it and the moment it was told."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_SAVE, str(target), str(source)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert child.stdout.readline().strip() == "ready"
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    return child, time.perf_counter()
+def _until(saver, word):
+    """The value on the next line of `saver`'s output that starts with
+    `word` (the lines of the saving process and its parent may interleave)."""
+    while line := saver.stdout.readline():
+        if line.startswith(word + " "):
+            return line.split()[1]
+    raise AssertionError(f"the saving processes ended before {word!r}")
+
+
+def _save(saver, target):
+    """Has `saver` save into `target` in a new process; returns its pid
+    and the moment it started."""
+    saver.stdin.write(f"{target}\n")
+    saver.stdin.flush()
+    return int(_until(saver, "saving")), time.perf_counter()
+
+
+def _reap(saver):
+    """Lets `saver` reap the last saving process; returns its wait status."""
+    saver.stdin.write("reap\n")
+    saver.stdin.flush()
+    return int(_until(saver, "ended"))
 
 
 @pytest.mark.once
 def test_killing_a_real_gpt2_small_save(tmp_path):
     """Saves `gpt2_small` (124M parameters) over a `gpt2_tiny` preset in a
-    subprocess killed with SIGKILL at several moments; the directory loads
-    after each kill, as one preset or the other."""
+    process killed with SIGKILL at several moments; the directory loads
+    after each kill, as one preset or the other. The model is built once,
+    in one process; each save runs in a fork of it."""
     target = tmp_path / "p"
     tiny = GPTCausalLM.from_preset("gpt2_tiny")
     tiny.save_to_preset(target)
-    child, _ = _start_save(target)  # once uncut, to time it
-    seconds = float(child.communicate(timeout=600)[0].split()[-1])
-    assert keras_transformers.from_preset(target).config.num_layers == 12
-    source = tmp_path / "gpt2_small"  # the killed processes load it (faster)
-    shutil.copytree(target, source)
-    found = set()
-    for delay in (0.05, 0.35 * seconds, 0.7 * seconds, seconds):
-        tiny.save_to_preset(target)
-        child, start = _start_save(target, source)
-        time.sleep(max(0.0, delay - (time.perf_counter() - start)))
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=60)
-        layers = keras_transformers.from_preset(target).config.num_layers
-        assert layers in (2, 12)
-        found.add(layers)
-    assert 2 in found  # at least one kill hit the save before its swap
+    saver = subprocess.Popen(
+        [sys.executable, "-c", SAVER, "gpt2_small"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    try:
+        assert saver.stdout.readline().strip() == "ready"
+        _save(saver, target)  # once uncut, to time it
+        seconds = float(_until(saver, "saved"))
+        assert _reap(saver) == 0
+        assert keras_transformers.from_preset(target).config.num_layers == 12
+        found = set()
+        for delay in (0.05, 0.35 * seconds, 0.7 * seconds, seconds):
+            tiny.save_to_preset(target)
+            pid, start = _save(saver, target)
+            time.sleep(max(0.0, delay - (time.perf_counter() - start)))
+            os.kill(pid, signal.SIGKILL)
+            _reap(saver)  # dead and gone: its leftovers are a dead save's
+            layers = keras_transformers.from_preset(target).config.num_layers
+            assert layers in (2, 12)
+            found.add(layers)
+        assert 2 in found  # at least one kill hit the save before its swap
+    finally:
+        saver.kill()
+        saver.communicate(timeout=60)
