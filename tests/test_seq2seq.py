@@ -38,6 +38,8 @@ def test_shapes_and_param_count(lm, batch):
     assert tuple(hidden.shape) == (2, 6, 64)
     assert tuple(lm(batch).shape) == (2, 6, V)
     assert tuple(lm.backbone.encode(batch["encoder_token_ids"]).shape) == (2, 9, 64)
+    # transformer_tiny is transformer_base's layout at a small size: the
+    # closed form counted at the paper's sizes (below) is this one.
     assert lm.count_params() == lm.config.num_params()
 
 
@@ -52,12 +54,6 @@ def test_paper_presets_match_table_3(name, paper):
     assert abs(config.num_params() - paper) / paper < 0.05
     assert kt.list_presets("transformer")[name]["params"] == config.num_params()
     assert "counting" in read_builtin(name)["metadata"]
-
-
-def test_built_model_matches_closed_form_count():
-    config = kt.load_config("transformer_base", vocabulary_size=1000)
-    model = Seq2SeqLM(config=config)
-    assert model.count_params() == config.num_params()
 
 
 def test_embeddings_are_shared_and_scaled(lm, batch):
