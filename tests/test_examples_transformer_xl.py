@@ -15,7 +15,7 @@ EXAMPLE = Path(__file__).parents[1] / "examples" / "train_transformer_xl.py"
 
 @pytest.mark.once
 def test_memory_and_no_memory_models_train_and_report():
-    args = "--max-chars 20000 --vocabulary-size 300 --segment 8 --memory 8"
+    args = "--max-chars 6000 --vocabulary-size 300 --segment 8 --memory 8"
     args += " --eval-memories 16 --batch-size 4 --epochs 1"
     env = toy_run_env(KERAS_BACKEND=keras.config.backend())
     result = subprocess.run(
