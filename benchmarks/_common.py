@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
@@ -179,6 +180,29 @@ def setup_torch(threads):
 
     torch.set_num_threads(threads)
     return torch
+
+
+def seed(backend, value=0):
+    """Seeds Python, NumPy and the Keras backend as
+    `keras.utils.set_random_seed(value)` does at a process's start, without
+    importing TensorFlow into a JAX or PyTorch process that has not loaded
+    it: Keras' function seeds TensorFlow wherever it is installed, and that
+    import costs such a process seconds and the memory of a runtime it does
+    not use (a CPU row's `mem MiB` is the process's peak RSS). TensorFlow is
+    seeded on its own backend or where it is loaded already; on JAX and
+    PyTorch only KerasHub loads it (for its tokenizer layers), later, and
+    computes nothing with it."""
+    import keras
+
+    if backend == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(value)
+        return
+    random.seed(value)  # Keras' global seed generator draws its seed here
+    np.random.seed(value)
+    if backend == "torch":
+        import torch
+
+        torch.manual_seed(value)
 
 
 # --------------------------------------------------------------- contenders

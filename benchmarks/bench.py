@@ -152,7 +152,7 @@ def start(args):
             torch = _common.setup_torch(args.torch_threads)
         except ImportError:
             print("torch is not installed: the hf contender is skipped")
-    keras.utils.set_random_seed(0)
+    _common.seed(backend)
     return Env(backend, torch, args.dtype)
 
 
