@@ -1,5 +1,6 @@
-"""The benchmark harness `benchmarks/bench.py`: its FLOP count, and a
-`--quick` run on the current backend that writes the documented JSON."""
+"""The benchmark harness `benchmarks/bench.py`: its FLOP count, and
+`--quick` runs on the current backend, each row or contender in a process of
+its own, that write the documented JSON."""
 
 import json
 import os
@@ -117,11 +118,13 @@ def quick_run(tmp_path, backend, *options):
     return proc.stdout, json.loads(out.read_text())
 
 
-@pytest.mark.once  # the harness, not the library: run once (its rows per backend: benchmarks/)
-def test_quick_run_writes_json(tmp_path, backend):
-    stdout, result = quick_run(
-        tmp_path, backend, "--rows", "gpt2_tiny", "--contenders", "ours"
-    )
+@pytest.mark.once  # the process orchestration is the same on every backend
+def test_quick_run_writes_json_with_each_row_in_its_own_process(tmp_path, backend):
+    """A `--quick` run of two rows (training and generation), each row in a
+    process of its own (`--row-processes`), writes the documented JSON:
+    the run's facts from this process, each row's results from its own."""
+    options = ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours"]
+    stdout, result = quick_run(tmp_path, backend, *options, "--row-processes")
     assert "load average at start" in stdout
     meta = result["meta"]
     assert meta["backend"] == backend
@@ -131,9 +134,18 @@ def test_quick_run_writes_json(tmp_path, backend):
     assert peak["tflops"] > 0 and peak["tflops"] == max(peak["by_library"].values())
     if meta["accelerator"] is None:  # every CPU-only process measures NumPy's
         assert "numpy" in peak["by_library"] and peak["dtype"] == "float32"
-    assert meta["dtype"] == "float32" and meta["rows"] == ["gpt2_tiny"]
-    row = result["rows"]["gpt2_tiny"]
-    assert "error" not in row, row.get("error")
+    assert meta["dtype"] == "float32" and meta["rows"] == ["gpt2_tiny", "bert_tiny"]
+    rows = result["rows"]
+    assert sorted(rows) == ["bert_tiny", "gpt2_tiny"]
+    for row in rows.values():
+        assert "error" not in row, row.get("error")
+        assert row["contenders"]["ours"]["train_s_per_step"] > 0
+    processes = {row["process"] for row in rows.values()}
+    assert len(processes) == 2 and meta["process"] not in processes
+    # The last training table (before the generation table) is the merged one.
+    last_table = stdout[stdout.rindex("| s/step |") :].split("(training")[0]
+    assert "gpt2_tiny" in last_table and "bert_tiny" in last_table
+    row = rows["gpt2_tiny"]
     assert row["flops_per_step"] > 0
     ours = row["contenders"]["ours"]
     assert ours["params"] > 0
@@ -146,23 +158,6 @@ def test_quick_run_writes_json(tmp_path, backend):
     for b in (1, row["batch"]):
         assert ours[f"gen_b{b}_prefill_s"] > 0
         assert ours[f"gen_b{b}_tokens_per_s"] > 0
-
-
-@pytest.mark.once  # the process orchestration is the same on every backend
-def test_row_processes_run_each_row_in_its_own_process(tmp_path, backend):
-    options = ["--rows", "gpt2_tiny,bert_tiny", "--contenders", "ours"]
-    stdout, result = quick_run(
-        tmp_path, backend, *options, "--mode", "train", "--row-processes"
-    )
-    rows = result["rows"]
-    assert sorted(rows) == ["bert_tiny", "gpt2_tiny"]
-    for row in rows.values():
-        assert "error" not in row, row.get("error")
-        assert row["contenders"]["ours"]["train_s_per_step"] > 0
-    processes = {row["process"] for row in rows.values()}
-    assert len(processes) == 2 and result["meta"]["process"] not in processes
-    last_table = stdout[stdout.rindex("| contender |") :]
-    assert "gpt2_tiny" in last_table and "bert_tiny" in last_table  # merged
 
 
 @pytest.mark.once  # the process orchestration is the same on every backend
