@@ -10,15 +10,28 @@ from pathlib import Path
 
 import keras
 import pytest
+from contracts import toy_run_env
 
 ROOT = Path(__file__).resolve().parents[1]
 NOISE = ("cuda", "cuinit", "onednn")
-# A byte-level BPE (keras-hub layer, so TensorFlow) and a Hugging Face
-# `tokenizer.json` (the `tokenizers` library only), each loaded and used.
-SCRIPT = """
+# A byte-level BPE (keras-hub layer, so TensorFlow) loaded and used: all
+# that the log-level checks run.
+BPE_SCRIPT = """
+import os
+from keras_transformers.tokenizer import BPETokenizer
+
+vocabulary = {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}
+bpe = BPETokenizer(vocabulary, ["a b"])
+assert bpe.decode(bpe.encode("ab")) == "ab"
+print("TF_CPP_MIN_LOG_LEVEL:", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+"""
+# A Hugging Face `tokenizer.json` (the `tokenizers` library only) loaded and
+# used, a preset saved and loaded, then the byte-level BPE.
+SCRIPT = (
+    """
 import os, sys, tempfile
 from tokenizers import Tokenizer, models, pre_tokenizers
-from keras_transformers.tokenizer import BPETokenizer, load_hf_tokenizer
+from keras_transformers.tokenizer import load_hf_tokenizer
 
 directory = tempfile.mkdtemp()
 hf = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
@@ -32,25 +45,26 @@ from keras_transformers.models import GPTCausalLM
 GPTCausalLM.from_preset("gpt2_tiny", num_layers=1).save_to_preset(directory + "/lm")
 assert from_preset(directory + "/lm").config.num_layers == 1
 print("tensorflow after a preset's save and load:", "tensorflow" in sys.modules)
-vocabulary = {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}
-bpe = BPETokenizer(vocabulary, ["a b"])
-assert bpe.decode(bpe.encode("ab")) == "ab"
-print("TF_CPP_MIN_LOG_LEVEL:", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
 """
+    + BPE_SCRIPT
+)
 
 
-def _run(backend, **env):
-    """Runs SCRIPT with `KERAS_BACKEND=backend`, no `TF_CPP_MIN_LOG_LEVEL`
-    unless given in `env`; returns (stdout, stderr). Only in the suite of
-    that backend: the others would start the same process again."""
-    if keras.config.backend() != backend:
+def _run(backend, script=SCRIPT, **env):
+    """Runs `script` with `KERAS_BACKEND=backend`, no `TF_CPP_MIN_LOG_LEVEL`
+    unless given in `env`, and JAX's test settings (`contracts.toy_run_env`:
+    on JAX, building the model SCRIPT saves compiles its initializers);
+    returns (stdout, stderr). Only in the suite of that backend: the others
+    would start the same process again."""
+    if keras.config.backend() != backend:  # skip first: importing it takes seconds
         pytest.skip(f"runs in the {backend} suite")
-    base = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    pytest.importorskip(backend)
+    base = {k: v for k, v in toy_run_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     base["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), base.get("PYTHONPATH")])
     )
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
+        [sys.executable, "-c", script],
         env={**base, "KERAS_BACKEND": backend, **env},
         capture_output=True,
         text=True,
@@ -63,7 +77,6 @@ def _run(backend, **env):
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_loading_tokenizers_prints_no_tensorflow_start_up_lines(backend):
-    pytest.importorskip(backend)
     stdout, stderr = _run(backend)
     noisy = [
         line for line in stderr.splitlines() if any(n in line.lower() for n in NOISE)
@@ -76,8 +89,8 @@ def test_loading_tokenizers_prints_no_tensorflow_start_up_lines(backend):
 
 @pytest.mark.parametrize("level", ["0", "1"])
 def test_a_log_level_set_by_the_user_is_kept(level):
-    pytest.importorskip("jax" if level == "1" else "torch")
-    stdout, _ = _run("jax" if level == "1" else "torch", TF_CPP_MIN_LOG_LEVEL=level)
+    backend = "jax" if level == "1" else "torch"
+    stdout, _ = _run(backend, BPE_SCRIPT, TF_CPP_MIN_LOG_LEVEL=level)
     assert f"TF_CPP_MIN_LOG_LEVEL: {level}" in stdout
 
 
