@@ -48,6 +48,59 @@ def compiled(fn):
     return jax.jit(fn)
 
 
+def compiled_call(layer, *args, **kwargs):
+    """`layer(*args, **kwargs)`; on JAX as one compiled program (see
+    `compiled`; `kwargs` are constants of it) whose new values of the
+    layer's non-trainable variables (statistics, seed states) are assigned
+    as an eager call assigns them. (Losses the call adds are not kept.)"""
+    if keras.config.backend() != "jax":
+        return layer(*args, **kwargs)
+
+    def call(trainable, non_trainable, *args):
+        return layer.stateless_call(trainable, non_trainable, *args, **kwargs)
+
+    trainable = [v.value for v in layer.trainable_variables]
+    other = [v.value for v in layer.non_trainable_variables]
+    out, state = compiled(call)(trainable, other, *args)
+    for variable, value in zip(layer.non_trainable_variables, state):
+        variable.assign(value)
+    return out
+
+
+def stateless(fn, variables):
+    """`pure(values, *args)`: `fn(*args)` reading the Keras `variables` from
+    `values` instead (their updates discarded), as `jax.jit` and `jax.grad`
+    take a function."""
+
+    def pure(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return fn(*args)
+
+    return pure
+
+
+def compiled_cached_call(model, traced_index=True):
+    """`call(token_ids, cache, index)`: `model.call_with_cache`. On JAX one
+    compiled program per input shape whose position `index` (a Python int)
+    is a traced int32 scalar, as generation's loop passes it: every
+    single-token step runs one program where eager JAX compiles each op
+    again for each new position. `traced_index=False` keeps the position a
+    Python int (a prefill at 0, as generation's prefill calls it)."""
+    if keras.config.backend() != "jax":
+        return model.call_with_cache
+    import jax
+
+    variables = model.variables
+    pure = stateless(model.call_with_cache, variables)
+    program = jax.jit(pure, static_argnums=() if traced_index else (3,))
+
+    def call(token_ids, cache, index):
+        index = jax.numpy.asarray(index, "int32") if traced_index else int(index)
+        return program([v.value for v in variables], token_ids, cache, index)
+
+    return call
+
+
 def compiled_forward(model, x):
     """`model(x)`; on JAX as one compiled program (see `compiled`)."""
     if keras.config.backend() != "jax":
@@ -165,11 +218,10 @@ def gradients(loss_fn, variables):
     if backend == "jax":
         import jax
 
-        def pure(values):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return loss_fn()
-
-        return to_numpy(jax.grad(pure)([v.value for v in variables]))
+        # One compiled program (see `compiled`): eager `jax.grad` runs, and
+        # compiles, the forward and backward passes op by op.
+        grad = jax.jit(jax.grad(stateless(loss_fn, variables)))
+        return to_numpy(grad([v.value for v in variables]))
     if backend == "tensorflow":
         import tensorflow as tf
 
