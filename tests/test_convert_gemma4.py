@@ -15,7 +15,12 @@ import json
 import keras
 import numpy as np
 import pytest
-from contracts import edited_hf_dir, randomize_weights, run_layer_test
+from contracts import (
+    compiled_cached_call,
+    edited_hf_dir,
+    randomize_weights,
+    run_layer_test,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -215,10 +220,12 @@ def test_cached_prefill_and_steps_equal_the_full_pass(hf_dirs):
     lm = keras_transformers.from_preset(hf_dirs["all"])
     ids, _ = padded_batch(VOCAB, LENGTH)
     cache = lm.backbone.init_cache(2, LENGTH)
-    logits, cache = lm.call_with_cache(ids[:, :9], cache, 0)
+    prefill = compiled_cached_call(lm, traced_index=False)
+    logits, cache = prefill(ids[:, :9], cache, 0)
+    step = compiled_cached_call(lm)  # JAX: one program for every position
     steps = [logits]
     for i in range(9, LENGTH):
-        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        logits, cache = step(ids[:, i : i + 1], cache, i)
         steps.append(logits)
     steps = np.concatenate(
         [np.asarray(keras.ops.convert_to_numpy(x)) for x in steps], 1

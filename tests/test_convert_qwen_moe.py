@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from contracts import (
     assert_close,
+    compiled_cached_call,
+    compiled_forward,
     edited_hf_dir,
     randomize_weights,
     run_layer_test,
@@ -136,12 +138,14 @@ def test_backbone_hidden_states_match(hf_dirs, kind):
 def test_cached_decoding_equals_full_forward(hf_dirs, kind):
     lm = keras_transformers.from_preset(hf_dirs[kind])
     ids, _ = padded_batch(VOCAB, LENGTH)
-    full = to_numpy(lm(ids))
+    full = to_numpy(compiled_forward(lm, ids))
     cache = lm.backbone.init_cache(2, 16)
-    logits, cache = lm.call_with_cache(ids[:, :5], cache, 0)  # a prefill chunk
+    prefill = compiled_cached_call(lm, traced_index=False)
+    logits, cache = prefill(ids[:, :5], cache, 0)  # a prefill chunk
+    step = compiled_cached_call(lm)  # JAX: one program for every position
     steps = [to_numpy(logits)]
     for i in range(5, LENGTH):
-        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        logits, cache = step(ids[:, i : i + 1], cache, i)
         steps.append(to_numpy(logits))
     assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 

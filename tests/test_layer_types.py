@@ -6,6 +6,7 @@ layers), an injectable token mixer, sandwich norms and soft-capping."""
 import keras
 import numpy as np
 import pytest
+from contracts import compiled_cached_call, compiled_forward, to_numpy
 
 import keras_transformers as kt
 from keras_transformers.config.layer_types import layer_settings, layer_type
@@ -71,12 +72,13 @@ def test_cached_decoding_equals_the_full_pass(mixed_lm):
     """Token by token through the per-layer caches (sliding layers keep
     only the window), 10 positions for a window of 3."""
     ids = np.random.default_rng(0).integers(1, 40, (2, 10)).astype("int32")
-    full = keras.ops.convert_to_numpy(mixed_lm(ids))
+    full = to_numpy(compiled_forward(mixed_lm, ids))
     cache = mixed_lm.backbone.init_cache(2, 10)
     assert [tuple(c[0].shape)[1] for c in cache] == [WINDOW, 10, WINDOW]
+    step = compiled_cached_call(mixed_lm)  # JAX: one program for every t
     steps = []
     for t in range(10):
-        logits, cache = mixed_lm.call_with_cache(ids[:, t : t + 1], cache, t)
+        logits, cache = step(ids[:, t : t + 1], cache, t)
         steps.append(keras.ops.convert_to_numpy(logits)[:, 0])
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=2e-5)
     assert np.abs(full).max() <= 2.0  # the output soft cap
@@ -89,8 +91,8 @@ def test_saved_preset_keeps_the_layer_types(mixed_lm, tmp_path):
     assert back.backbone.config.layer_types == tuple(MIXED["layer_types"])
     ids = np.arange(1, 9, dtype="int32")[None]
     np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(back(ids)),
-        keras.ops.convert_to_numpy(mixed_lm(ids)),
+        to_numpy(compiled_forward(back, ids)),
+        to_numpy(compiled_forward(mixed_lm, ids)),
         atol=1e-6,
     )
 

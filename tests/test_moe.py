@@ -5,7 +5,14 @@ padding and configuration errors."""
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, gradients, run_layer_test, to_numpy
+from contracts import (
+    assert_close,
+    compiled,
+    compiled_call,
+    gradients,
+    run_layer_test,
+    to_numpy,
+)
 
 from keras_transformers import MoEConfig
 from keras_transformers.layers import FeedForward, SparseMoE
@@ -121,18 +128,21 @@ def test_dispatch_layouts_multiply_each_row_by_its_expert(rng, layout):
     ids = rng.integers(0, e, (n, k)).astype("int32")
     x = rng.standard_normal((n, D)).astype("float32")
     kernels = rng.standard_normal((e, D, F)).astype("float32")
-    mask = keras.ops.ones((n,), "bool")
-    if layout == "grouped":
-        plan = SortedPlan(keras.ops.convert_to_tensor(ids), e)
-    else:
-        plan = DispatchPlan(keras.ops.convert_to_tensor(ids), mask, e, layout)
-    rows = plan.matmul(plan.gather(keras.ops.convert_to_tensor(x)), kernels)
     weights = rng.random((n, k)).astype("float32")
+
+    def dispatch(ids, x, kernels, weights):
+        if layout == "grouped":
+            plan = SortedPlan(ids, e)
+        else:
+            plan = DispatchPlan(ids, keras.ops.ones((n,), "bool"), e, layout)
+        return plan.combine(plan.matmul(plan.gather(x), kernels), weights)
+
     expected = sum(
         weights[:, j, None] * np.einsum("nd,ndf->nf", x, kernels[ids[:, j]])
         for j in range(k)
     )
-    assert_close(plan.combine(rows, weights), expected, atol=1e-4)
+    args = [keras.ops.convert_to_tensor(a) for a in (ids, x, kernels, weights)]
+    assert_close(compiled(dispatch)(*args), expected, atol=1e-4)
 
 
 @pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's CPU chunk loops")
@@ -161,7 +171,8 @@ def test_chunk_loop_grouped_matmul_and_its_gradients(rng, sizes, chunks):
 
     assert_close(jax.jit(ours)(x, kernels), reference(x, kernels), atol=1e-3)
     for a, b in zip(
-        jax.grad(ours, (0, 1))(x, kernels), jax.grad(reference, (0, 1))(x, kernels)
+        compiled(jax.grad(ours, (0, 1)))(x, kernels),
+        compiled(jax.grad(reference, (0, 1)))(x, kernels),
     ):
         assert_close(a, b, atol=1e-4)
 
@@ -224,11 +235,12 @@ def test_load_balancing_loss_minimum_for_balanced_routing(k):
     moe.router_kernel.assign(np.eye(e, dtype="float32"))
     eye = np.eye(e, dtype="float32")
     x = (5.0 * eye[np.arange(8) % e] + 2.0 * eye[(np.arange(8) + 1) % e])[None]
-    moe(x, training=True)
+    compiled_call(moe, x, training=True)
     assert_close(moe.aux_loss, float(k), atol=1e-5)
     assert_close(moe.expert_load, np.full(e, 1 / e))
     # Unbalanced: every token prefers expert 0 -> a larger loss.
-    moe(np.tile(np.eye(e, dtype="float32")[:1], (8, 1))[None], training=True)
+    unbalanced = np.tile(np.eye(e, dtype="float32")[:1], (8, 1))[None]
+    compiled_call(moe, unbalanced, training=True)
     assert float(to_numpy(moe.aux_loss)) > k + 0.1
 
 
@@ -260,7 +272,8 @@ def test_capacity_drops_exactly_the_overflow(rng):
     dropless = SparseMoE(e, 1, F)
     dropless.build((1, n, e))
     dropless.set_weights(moe.get_weights())
-    out, ref = to_numpy(moe(x, training=False)), to_numpy(dropless(x))
+    out = to_numpy(compiled_call(moe, x, training=False))
+    ref = to_numpy(compiled_call(dropless, x))
     dropped = [3, 4, 8]  # expert 0's 4th, 5th and 6th tokens (in order)
     kept = [i for i in range(n) if i not in dropped]
     assert_close(out[0, kept], ref[0, kept])
@@ -269,7 +282,7 @@ def test_capacity_drops_exactly_the_overflow(rng):
     # Padding is dropped first: pad tokens 0-2 -> real expert-0 tokens fit.
     mask = np.ones((1, n), bool)
     mask[0, :3] = False
-    out = to_numpy(moe(x, padding_mask=mask, training=False))
+    out = to_numpy(compiled_call(moe, x, padding_mask=mask, training=False))
     assert_close(out[0, 3:], ref[0, 3:])
     assert_close(moe.dropped_fraction, 0.0)
 
@@ -307,4 +320,4 @@ def test_decoding_sizes_equal_the_dense_reference(rng, tokens):
     sparse = make(x, num_experts=8)
     dense = make(x, num_experts=8, dispatch="dense")
     dense.set_weights(sparse.get_weights())
-    assert_close(sparse(x), dense(x))
+    assert_close(compiled_call(sparse, x), compiled_call(dense, x))
