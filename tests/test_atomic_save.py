@@ -2,6 +2,7 @@
 preset or the new one, whole; a preset directory holds exactly its last
 save's files; `metadata.json` records them and loading checks it."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -271,7 +273,10 @@ def test_lora_adapter_and_hf_export_are_atomic(tmp_path, monkeypatch):
 # target read from its standard input, forks a process that saves the model
 # there (the save the test kills) and prints "saving <pid>". It reaps that
 # process only when told (a further line), so the pid the test signals is
-# never another process's, and prints "ended <wait status>".
+# never another process's, and prints "ended <wait status>". It runs on
+# PyTorch whatever the suite's backend: a fork of a process that runs JAX's
+# or TensorFlow's threads may deadlock, and the files a save writes are the
+# same on every backend.
 SAVER = textwrap.dedent(
     """
     import os, sys, time
@@ -330,8 +335,12 @@ def test_killing_a_real_gpt2_small_save(tmp_path):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "torch"},
+        start_new_session=True,  # its forks are in its process group
     )
+    # A save that hangs fails the test instead of blocking it.
+    watchdog = threading.Timer(900, os.killpg, (saver.pid, signal.SIGKILL))
+    watchdog.start()
     try:
         assert saver.stdout.readline().strip() == "ready"
         _save(saver, target)  # once uncut, to time it
@@ -350,5 +359,7 @@ def test_killing_a_real_gpt2_small_save(tmp_path):
             found.add(layers)
         assert 2 in found  # at least one kill hit the save before its swap
     finally:
-        saver.kill()
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(saver.pid, signal.SIGKILL)  # the saver and any fork left
         saver.communicate(timeout=60)
