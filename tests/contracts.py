@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -99,6 +100,17 @@ def compiled_cached_call(model, traced_index=True):
         return program([v.value for v in variables], token_ids, cache, index)
 
     return call
+
+
+def without_inductor(monkeypatch):
+    """`torch.compile(fn)` (Keras' compiled steps, `compile_step`) with
+    `backend="aot_eager"` for the test: the same Dynamo graphs, guards and
+    AOTAutograd backward, without Inductor's C++ code generation."""
+    import torch
+
+    monkeypatch.setattr(
+        torch, "compile", functools.partial(torch.compile, backend="aot_eager")
+    )
 
 
 def compiled_forward(model, x):

@@ -17,7 +17,6 @@ Dynamo and AOTAutograd graphs, run by eager kernels): 22 s instead.
 """
 
 import contextlib
-import functools
 import gc
 import logging
 
@@ -34,7 +33,7 @@ from keras_transformers.models import (
     ViTClassifier,
 )
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
-from tests.contracts import assert_close
+from tests.contracts import assert_close, without_inductor
 
 BATCH, STEPS, LENGTH = 4, 3, 8
 
@@ -199,7 +198,7 @@ def test_torch_compile_fit_matches_eager_without_recompiles(
     from torch._dynamo.utils import counters
 
     if family != INDUCTOR_FAMILY:
-        _without_inductor(monkeypatch)
+        without_inductor(monkeypatch)
 
     torch._dynamo.reset()
     counters.clear()
@@ -250,16 +249,6 @@ def test_optimizer_update_runs_outside_the_compiled_graph(backend):
     assert seen == [False, False, False]
 
 
-def _without_inductor(monkeypatch):
-    """Keras calls `torch.compile(step)`: with this, the same Dynamo graphs
-    and AOTAutograd backward, without Inductor's C++ code generation."""
-    import torch
-
-    monkeypatch.setattr(
-        torch, "compile", functools.partial(torch.compile, backend="aot_eager")
-    )
-
-
 def _compiled_tiny_lm(**compile_args):
     """A 1-layer `gpt2_tiny` compiled with `jit_compile=True` and the
     library's loss, and a [4, 8] batch of token ids."""
@@ -294,7 +283,7 @@ def test_torch_compiled_train_step_is_one_graph_without_breaks(backend, monkeypa
     import torch
     from torch._dynamo.utils import counters
 
-    _without_inductor(monkeypatch)
+    without_inductor(monkeypatch)
 
     model, ids = _compiled_tiny_lm(
         optimizer="adamw", metrics=["sparse_categorical_accuracy"]

@@ -17,11 +17,10 @@ eager kernels): Inductor's C++ code generation took 15-20 s of CPU per
 case on 2 cores, `aot_eager` 5-10 s.
 """
 
-import functools
-
 import keras
 import numpy as np
 import pytest
+from contracts import without_inductor
 
 from keras_transformers.models import GPTCausalLM, MixtralCausalLM, Seq2SeqLM
 
@@ -110,16 +109,6 @@ def test_xla_seq2seq_generate_matches_full_forward(rng, backend):
     np.testing.assert_array_equal(out, expected)
 
 
-def _without_inductor(monkeypatch):
-    """`compile_step` calls `torch.compile(step)`: with this, the same Dynamo
-    graph without Inductor's C++ code generation."""
-    import torch
-
-    monkeypatch.setattr(
-        torch, "compile", functools.partial(torch.compile, backend="aot_eager")
-    )
-
-
 def _torch_families():
     return [
         pytest.param("gpt2"),
@@ -136,7 +125,7 @@ def test_torch_compiled_decoding_step_matches_eager(family, rng, backend, monkey
     from torch._dynamo.utils import counters
 
     if family != INDUCTOR_FAMILY:
-        _without_inductor(monkeypatch)
+        without_inductor(monkeypatch)
 
     model = _causal_lm(family)
     first = _prompts(model, rng, [5, 3])  # rows of different prompt lengths
@@ -193,7 +182,7 @@ def test_torch_compiled_seq2seq_step_matches_eager(
     import torch
     from torch._dynamo.utils import counters
 
-    _without_inductor(monkeypatch)
+    without_inductor(monkeypatch)
     model = Seq2SeqLM.from_preset("transformer_tiny", num_layers=1)
     first = _prompts(model, rng, [6, 3])  # padded sources
     second = _prompts(model, rng, [5, 4])
