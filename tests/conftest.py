@@ -120,22 +120,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.large)
 
 
+# JAX's compilations in the current test phase, with `KT_TEST_TIMES` set:
+# programs compiled (tracing, lowering and XLA) and their seconds.
+_JAX_COMPILES = {"compiles": 0, "compile_seconds": 0.0}
+if os.environ.get("KT_TEST_TIMES") and keras.config.backend() == "jax":
+
+    def _count_compile(event, duration, **kwargs):
+        if event.startswith("/jax/core/compile/"):
+            _JAX_COMPILES["compile_seconds"] += duration
+            if event.endswith("backend_compile_duration"):
+                _JAX_COMPILES["compiles"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
 def pytest_runtest_logreport(report):
     """With `KT_TEST_TIMES=<file>`, appends each test phase's duration as a
     JSON line `{"backend", "test", "phase", "seconds"}` (every xdist
-    worker to the same file): the data for choosing what to speed up or move
-    to the `large` tier (CONTRIBUTING.md, "The suite's budget")."""
+    worker to the same file), on JAX with `compiles` (XLA programs compiled
+    in the phase) and `compile_seconds` (tracing, lowering and compiling
+    them): the data for choosing what to speed up or move to the `large`
+    tier (CONTRIBUTING.md, "The suite's budget")."""
     path = os.environ.get("KT_TEST_TIMES")
     if not path or hasattr(report, "node"):  # xdist's controller: a worker's copy
         return
-    line = json.dumps(
-        {
-            "backend": keras.config.backend(),
-            "test": report.nodeid,
-            "phase": report.when,
-            "seconds": round(report.duration, 3),
-        }
-    )
+    record = {
+        "backend": keras.config.backend(),
+        "test": report.nodeid,
+        "phase": report.when,
+        "seconds": round(report.duration, 3),
+    }
+    if keras.config.backend() == "jax":
+        record["compiles"] = _JAX_COMPILES["compiles"]
+        record["compile_seconds"] = round(_JAX_COMPILES["compile_seconds"], 3)
+        _JAX_COMPILES.update(compiles=0, compile_seconds=0.0)
+    line = json.dumps(record)
     with open(path, "a") as file:
         file.write(line + "\n")
 
