@@ -2,9 +2,20 @@
 cached decoding (token by token, in chunks, in `generate`) equals the full
 forward pass with the sliding-window mask."""
 
+import functools
+
+import keras
 import numpy as np
 import pytest
-from contracts import assert_close, randomize_weights, to_numpy
+from contracts import (
+    assert_close,
+    compiled,
+    compiled_cached_call,
+    compiled_forward,
+    randomize_weights,
+    stateless,
+    to_numpy,
+)
 
 from keras_transformers import layers
 from keras_transformers.layers import ring_cache
@@ -24,32 +35,72 @@ def _attention(window=WINDOW):
     )
 
 
+def _x():
+    return np.random.default_rng(0).normal(size=(2, 17, 32)).astype("float32")
+
+
 @pytest.fixture
-def x(rng):
-    return rng.normal(size=(2, 17, 32)).astype("float32")
+def x():
+    return _x()
 
 
-def _cached(layer, x, cache_length, chunk):
+def _stepper(layer):
+    """`step(x, cache, index)`: `layer(x, cache=cache, cache_index=index)`;
+    on JAX one compiled program per shape whose position is traced, as
+    generation's loop passes it, except at 0 (a Python int, as generation's
+    prefill passes it)."""
+    call = lambda x, cache, i: layer(x, cache=cache, cache_index=i)  # noqa: E731
+    if keras.config.backend() != "jax":
+        return call
+    import jax
+
+    pure = stateless(call, layer.variables)
+    traced, at_zero = jax.jit(pure), jax.jit(pure, static_argnums=(3,))
+
+    def step(x, cache, index):
+        values = [v.value for v in layer.variables]
+        if index == 0:
+            return at_zero(values, x, cache, 0)
+        return traced(values, x, cache, jax.numpy.asarray(index, "int32"))
+
+    return step
+
+
+def _cached(step, x, cache_length, chunk):
     cache = tuple(np.zeros((2, cache_length, 2, 8), "float32") for _ in range(2))
     outputs = []
     for i in range(0, x.shape[1], chunk):
-        out, cache = layer(x[:, i : i + chunk], cache=cache, cache_index=i)
+        out, cache = step(x[:, i : i + chunk], cache, i)
         assert tuple(cache[0].shape) == (2, cache_length, 2, 8)
         outputs.append(to_numpy(out))
     return np.concatenate(outputs, axis=1), cache
 
 
+@pytest.fixture(scope="module")
+def ring():
+    """The window-`WINDOW` layer the ring tests share, its compiled cached
+    step, its full-sequence output on `_x()` and its rotated keys."""
+    x, layer = _x(), _attention()
+    layer.build(x.shape)
+
+    def keys(x):
+        return layer.rotary(layer.key_dense(x), np.arange(x.shape[1]))
+
+    if keras.config.backend() == "jax":
+        keys = compiled(stateless(keys, layer.variables))
+        keys = functools.partial(keys, [v.value for v in layer.variables])
+    keys = to_numpy(keys(x))
+    return layer, _stepper(layer), to_numpy(compiled_forward(layer, x)), keys
+
+
 @pytest.mark.parametrize("cache_length", [WINDOW, WINDOW + 5])
 @pytest.mark.parametrize("chunk", [1, 3, 7])
-def test_ring_cache_equals_full_sequence(x, cache_length, chunk):
-    layer = _attention()
-    full = to_numpy(layer(x))
-    cached, cache = _cached(layer, x, cache_length, chunk)
+def test_ring_cache_equals_full_sequence(x, ring, cache_length, chunk):
+    layer, step, full, keys = ring
+    cached, cache = _cached(step, x, cache_length, chunk)
     assert_close(cached, full, atol=1e-5)
     # The ring holds the keys of the last `cache_length` positions, position
     # p in slot p % cache_length.
-    keys = to_numpy(layer.key_dense(x))
-    keys = to_numpy(layer.rotary(keys, np.arange(x.shape[1])))
     last = np.arange(x.shape[1] - cache_length, x.shape[1])
     slots = np.argsort(last % cache_length)
     assert_close(cache[0], keys[:, last[slots]], atol=1e-5)
@@ -64,12 +115,13 @@ def test_ring_positions():
 
 def test_short_cache_holding_every_position_is_exact(x):
     layer = _attention(window=40)  # cache 17 < window, but never wraps
-    cached, _ = _cached(layer, x, x.shape[1], chunk=3)
-    assert_close(cached, to_numpy(layer(x)), atol=1e-5)
+    layer.build(x.shape)
+    cached, _ = _cached(_stepper(layer), x, x.shape[1], chunk=3)
+    assert_close(cached, compiled_forward(layer, x), atol=1e-5)
 
 
-def test_too_short_cache_raises(x):
-    layer = _attention()
+def test_too_short_cache_raises(x, ring):
+    layer = ring[0]
     cache = tuple(np.zeros((2, WINDOW - 1, 2, 8), "float32") for _ in range(2))
     with pytest.raises(ValueError, match=rf"{WINDOW - 1} positions.*{WINDOW}"):
         layer(x[:, :1], cache=cache, cache_index=WINDOW)
@@ -96,12 +148,13 @@ def test_window_covering_the_sequence_is_full_causal_attention(x):
     full = layers.MultiHeadAttention(
         num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rope_max_wavelength=10000
     )
-    windowed(x)
-    full(x)
+    windowed.build(x.shape)
+    full.build(x.shape)
     full.set_weights(windowed.get_weights())
-    assert_close(windowed(x), full(x), atol=1e-5)
-    cached, _ = _cached(windowed, x, x.shape[1], chunk=1)
-    assert_close(cached, full(x), atol=1e-5)
+    expected = to_numpy(compiled_forward(full, x))
+    assert_close(compiled_forward(windowed, x), expected, atol=1e-5)
+    cached, _ = _cached(_stepper(windowed), x, x.shape[1], chunk=1)
+    assert_close(cached, expected, atol=1e-5)
 
 
 _MODELS = {}
@@ -137,7 +190,7 @@ def _reference_greedy(lm, prompts, steps, length=64):
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
     for _ in range(steps):
-        logits = to_numpy(lm(buffer))
+        logits = to_numpy(compiled_forward(lm, buffer))
         for row, n in enumerate(lengths):
             buffer[row, n] = int(logits[row, n - 1].argmax())
             lengths[row] += 1
@@ -160,12 +213,14 @@ def test_model_cached_decoding_equals_full_forward(rng):
     lm = _lm(8)
     ids = rng.integers(3, 97, size=(2, 20)).astype("int32")
     cache = lm.backbone.init_cache(2, 100)
-    logits, cache = lm.call_with_cache(ids[:, :6], cache, 0)  # a prefill chunk
-    steps = [to_numpy(logits)]
+    prefill = compiled_cached_call(lm, traced_index=False)
+    logits, cache = prefill(ids[:, :6], cache, 0)  # a prefill chunk
+    steps, step = [to_numpy(logits)], compiled_cached_call(lm)
     for i in range(6, 20):
-        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        logits, cache = step(ids[:, i : i + 1], cache, i)
         steps.append(to_numpy(logits))
-    assert_close(np.concatenate(steps, axis=1), to_numpy(lm(ids)), atol=1e-5)
+    full = to_numpy(compiled_forward(lm, ids))
+    assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ memory, saving, and config errors."""
 import keras
 import numpy as np
 import pytest
+from contracts import compiled, compiled_call, compiled_forward, stateless
 from keras import ops
 
 import keras_transformers as kt
@@ -26,6 +27,15 @@ TINY = dict(
     position_embedding="transformer_xl",
     memory_length=6,
 )
+
+
+def _compiled(variables, fn):
+    """`fn`, reading the Keras `variables`; on JAX one compiled program per
+    input shape (their updates discarded)."""
+    if keras.config.backend() != "jax":
+        return fn
+    program = compiled(stateless(fn, variables))
+    return lambda *args: program([v.value for v in variables], *args)
 
 
 # ------------------------------------------------------- NumPy reference
@@ -100,7 +110,12 @@ def test_relative_attention_matches_numpy_reference(rng, num_kv_heads, clamp_len
     bias.build()
     for w in (bias.content_bias, bias.position_bias):  # non-zero biases
         w.assign(rng.normal(size=w.shape).astype("float32"))
-    out = attention(x, attention_bias=bias.bias_fn(), memory=mem, memory_mask=mem_mask)
+    out = _compiled(
+        attention.variables + bias.variables,
+        lambda x, mem, mask: attention(
+            x, attention_bias=bias.bias_fn(), memory=mem, memory_mask=mask
+        ),
+    )(x, mem, mem_mask)
     to_np = lambda w: ops.convert_to_numpy(w).astype("float64")  # noqa: E731
     weights = [
         to_np(layer.kernel)
@@ -126,9 +141,11 @@ def test_second_segment_with_memory_equals_joint_pass(rng, norm_position):
     ids = rng.integers(0, 40, (2, 12)).astype("int32")
     mask = np.ones((2, 12), bool)
     mask[1, 10:] = False
-    joint = ops.convert_to_numpy(model({"token_ids": ids, "padding_mask": mask}))
-    first, memory, memory_mask = model.call_with_memory(ids[:, :6])
-    second, _, _ = model.call_with_memory(
+    joint = compiled_forward(model, {"token_ids": ids, "padding_mask": mask})
+    joint = ops.convert_to_numpy(joint)
+    with_memory = _compiled(model.variables, model.call_with_memory)
+    first, memory, memory_mask = with_memory(ids[:, :6])
+    second, _, _ = with_memory(
         {"token_ids": ids[:, 6:], "padding_mask": mask[:, 6:]}, memory, memory_mask
     )
     assert tuple(memory.shape) == (2, 2, 6, 16)  # [L, B, M, D]
@@ -145,7 +162,7 @@ def _gradient(fn, x):
     if name == "jax":
         import jax
 
-        return np.asarray(jax.grad(lambda m: fn(m).sum())(x))
+        return np.asarray(jax.jit(jax.grad(lambda m: fn(m).sum()))(x))
     if name == "tensorflow":
         import tensorflow as tf
 
@@ -166,7 +183,7 @@ def test_no_gradient_reaches_the_memory(rng):
     model = kt.models.GPTBackbone(**TINY)
     ids = rng.integers(0, 40, (2, 6)).astype("int32")
     memory = rng.normal(size=(2, 2, 6, 16)).astype("float32")
-    hidden = lambda m: model.call_with_memory(ids, m)[0]  # noqa: E731
+    hidden = _compiled(model.variables, lambda m: model.call_with_memory(ids, m)[0])
     other = ops.convert_to_numpy(hidden(memory[:, :, ::-1].copy()))
     assert np.abs(ops.convert_to_numpy(hidden(memory)) - other).max() > 1e-5
     assert np.abs(_gradient(hidden, memory)).max() == 0.0
@@ -191,19 +208,19 @@ def test_segment_batches_layout():
 def test_stateful_calls_continue_rows_and_reset(rng):
     lm = GPTCausalLM(**TINY)
     ids = rng.integers(0, 40, (2, 12)).astype("int32")
-    joint = ops.convert_to_numpy(lm(ids))
+    joint = ops.convert_to_numpy(compiled_call(lm, ids))
     lm.reset_memory(batch_size=2)
-    lm(ids[:, :6])
+    compiled_call(lm, ids[:, :6])
     np.testing.assert_allclose(
-        ops.convert_to_numpy(lm(ids[:, 6:])), joint[:, 6:], atol=2e-5
+        ops.convert_to_numpy(compiled_call(lm, ids[:, 6:])), joint[:, 6:], atol=2e-5
     )
     lm.reset_memory()
-    alone = ops.convert_to_numpy(lm(ids[:, 6:]))  # an empty memory
+    alone = ops.convert_to_numpy(compiled_call(lm, ids[:, 6:]))  # an empty memory
     reset = np.array([True, False])
     x = {"token_ids": ids[:, 6:], "memory_reset": reset}
     lm.reset_memory()
-    lm(ids[:, :6])
-    out = ops.convert_to_numpy(lm(x))
+    compiled_call(lm, ids[:, :6])
+    out = ops.convert_to_numpy(compiled_call(lm, x))
     np.testing.assert_allclose(out[0], alone[0], atol=2e-5)  # row 0 forgot
     np.testing.assert_allclose(out[1], joint[1, 6:], atol=2e-5)
 
@@ -212,7 +229,8 @@ def test_fit_and_predict_over_consecutive_segments(rng):
     lm = GPTCausalLM(**{**TINY, "eval_memory_length": 12})
     stream = rng.integers(0, 40, 19)
     data = segment_batches(stream, batch_size=1, segment_length=6)
-    joint = ops.convert_to_numpy(lm(stream[None, :18].astype("int32")))
+    joint = compiled_forward(lm, stream[None, :18].astype("int32"))
+    joint = ops.convert_to_numpy(joint)
     lm.reset_memory(batch_size=1)
     # predict(): eval memory of 12 covers both earlier segments.
     logits = np.concatenate(list(lm.predict(data, verbose=0)), axis=0)
@@ -234,12 +252,13 @@ def test_training_attends_to_the_last_training_memory_slots(rng):
     lm = GPTCausalLM(**{**TINY, "eval_memory_length": 12})
     ids = rng.integers(0, 40, (2, 18)).astype("int32")
     lm.reset_memory(batch_size=2)
-    lm(ids[:, :6])
-    lm(ids[:, 6:12])
+    compiled_call(lm, ids[:, :6])
+    compiled_call(lm, ids[:, 6:12])
     states = ops.convert_to_numpy(lm.backbone.segment_memory.states)
     assert states.shape == (2, 2, 12, 16)
-    out = lm.backbone(ids[:, 12:], training=True)
-    expected, _, _ = lm.backbone.call_with_memory(ids[:, 12:], states[:, :, -6:])
+    out = compiled_call(lm.backbone, ids[:, 12:], training=True)
+    with_memory = _compiled(lm.backbone.variables, lm.backbone.call_with_memory)
+    expected, _, _ = with_memory(ids[:, 12:], states[:, :, -6:])
     np.testing.assert_allclose(
         ops.convert_to_numpy(out), ops.convert_to_numpy(expected), atol=2e-5
     )
@@ -292,10 +311,11 @@ def test_save_load_keeps_the_knobs(tmp_path, rng):
     assert restored.backbone.segment_memory.states is None
     fresh = GPTCausalLM(**config)
     fresh.set_weights(restored.get_weights())
-    expected = ops.convert_to_numpy(fresh(ids))
-    np.testing.assert_allclose(ops.convert_to_numpy(restored(ids)), expected, atol=1e-6)
+    expected = ops.convert_to_numpy(compiled_forward(fresh, ids))
+    out = ops.convert_to_numpy(compiled_call(restored, ids))
+    np.testing.assert_allclose(out, expected, atol=1e-6)
     restored.reset_memory(batch_size=1)  # any batch size after loading
-    restored(ids)
+    compiled_call(restored, ids)
 
 
 @pytest.mark.parametrize(
