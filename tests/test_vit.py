@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 from contracts import (
     assert_close,
+    compiled,
+    compiled_call,
     randomize_weights,
     run_fit_test,
     run_layer_test,
     run_saving_test,
+    stateless,
     to_numpy,
 )
 
@@ -31,6 +34,17 @@ SMALL = dict(
 )
 
 
+def _forwards(fn, models, *args):
+    """`fn(*args)` (calls of `models`) as NumPy; on JAX one compiled program
+    (eager JAX compiles each op of a new shape on its own). The file's usual
+    shape, [2, 16, 16, 3], stays eager: its ops' programs serve every test."""
+    if keras.config.backend() != "jax":
+        return to_numpy(fn(*args))
+    variables = [v for model in models for v in model.variables]
+    values = [v.value for v in variables]
+    return to_numpy(compiled(stateless(fn, variables))(values, *args))
+
+
 @pytest.fixture(scope="module")
 def classifier():
     keras.utils.set_random_seed(0)
@@ -50,7 +64,7 @@ def test_patch_count_shapes_and_params(classifier, images):
     mean = ViTBackbone(
         config=SMALL, vision=dict(SMALL["vision"], pooling="mean", class_token=False)
     )
-    assert tuple(mean(images).shape) == (2, 16, 32)
+    assert _forwards(mean, [mean], images).shape == (2, 16, 32)
     assert mean.count_params() == mean.config.num_params()
 
 
@@ -103,12 +117,15 @@ def test_resizing_to_the_same_grid_reproduces_the_table(classifier):
 
 def test_other_image_sizes_and_with_image_size(classifier, rng):
     big = rng.uniform(0, 1, size=(2, 32, 24, 3)).astype("float32")
-    assert tuple(classifier(big).shape) == (2, 5)
+    assert _forwards(classifier, [classifier], big).shape == (2, 5)
     square = big[:, :, :24]
     square = rng.uniform(0, 1, size=(2, 24, 24, 3)).astype("float32")
     resized = with_image_size(classifier, 24)
     assert resized.config.vision.image_size == 24
-    assert_close(resized(square), classifier(square), atol=1e-5)
+    ours, theirs = _forwards(
+        lambda x: (resized(x), classifier(x)), [resized, classifier], square
+    )
+    assert_close(ours, theirs, atol=1e-5)
     same = with_image_size(classifier, 16)
     x = square[:, :16, :16]
     assert_close(same(x), classifier(x), atol=0)
@@ -120,11 +137,15 @@ def test_preset_loads_at_another_resolution(classifier, tmp_path, rng):
     assert big.config.vision.image_size == 32
     assert big.num_classes == 5
     x = rng.uniform(0, 1, size=(1, 32, 32, 3)).astype("float32")
-    assert_close(big(x), classifier(x), atol=1e-5)  # same interpolation
     table = to_numpy(big.backbone.patch_embedding.position_embeddings)
     assert table.shape == (1 + 64, 32)
     backbone = ViTBackbone.from_preset(tmp_path / "vit", image_size=32)
-    assert_close(backbone(x), big.backbone(x), atol=1e-6)
+    models = [big, classifier, backbone]
+    outs = _forwards(
+        lambda x: (big(x), classifier(x), backbone(x), big.backbone(x)), models, x
+    )
+    assert_close(outs[0], outs[1], atol=1e-5)  # same interpolation
+    assert_close(outs[2], outs[3], atol=1e-6)
 
 
 def test_normalisation_is_carried_by_the_config(rng):
@@ -142,7 +163,8 @@ def test_normalisation_is_carried_by_the_config(rng):
 def test_grey_images(rng):
     grey = kt.from_preset("vit_tiny_28")
     x = rng.uniform(0, 255, size=(3, 28, 28)).astype("float32")
-    assert_close(grey(x), grey(x[..., None]), atol=0)  # [B, H, W] gets a channel
+    # [B, H, W] gets a channel
+    assert_close(*_forwards(lambda x: (grey(x), grey(x[..., None])), [grey], x), atol=0)
     rgb = ViTBackbone(config=SMALL)
     g = rng.uniform(0, 1, size=(2, 16, 16, 1)).astype("float32")
     assert_close(rgb(g), rgb(np.repeat(g, 3, axis=-1)), atol=0)
@@ -204,7 +226,8 @@ def test_fit_with_keras_augmentation_layers(rng):
         ]
     )
     x = rng.uniform(0, 255, size=(8, 28, 28, 1)).astype("float32")
-    x = to_numpy(augment(x, training=True))
+    augment.build(x.shape)
+    x = to_numpy(compiled_call(augment, x, training=True))
     run_fit_test(model, x, np.arange(8) % 3)
 
 
