@@ -186,15 +186,16 @@ def test_real_minilm_equals_sentence_transformers(minilm_dir):
 
 
 def test_settings_save_and_load(st_dirs, tmp_path):
+    # max_length 12, gte's: the encoder's eager JAX programs are gte's.
     embedder = _load(
-        st_dirs["e5"], pooling=["cls", "max"], normalize=True, max_length=10
+        st_dirs["e5"], pooling=["cls", "max"], normalize=True, max_length=12
     )
     embedder.save_to_preset(tmp_path / "saved")
     task = json.loads((tmp_path / "saved" / "config.json").read_text())["task"]
     assert task == {
         "pooling": ["cls", "max"],
         "normalize": True,
-        "max_length": 10,
+        "max_length": 12,
         "lowercase": False,
     }
     loaded = _load(tmp_path / "saved")
@@ -202,7 +203,7 @@ def test_settings_save_and_load(st_dirs, tmp_path):
     assert (loaded.pooling, loaded.normalize, loaded.max_length) == (
         ["cls", "max"],
         True,
-        10,
+        12,
     )
     np.testing.assert_allclose(
         loaded.encode(TEXTS, batch_size=8),
