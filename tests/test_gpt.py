@@ -1,14 +1,21 @@
 """GPT family: shapes, properties (causality, padding, cache), generation,
 saving, mixed precision and input errors, for the GPT-2 and Llama layouts."""
 
-import os
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, run_fit_test, run_saving_test, to_numpy
+from contracts import (
+    assert_close,
+    compiled_cached_call,
+    compiled_forward,
+    run_fit_test,
+    run_saving_test,
+    to_numpy,
+    toy_run_env,
+)
 
 import keras_transformers as kt
 from keras_transformers.models import GPTBackbone, GPTCausalLM
@@ -75,17 +82,21 @@ def test_padding_invariance(lm, ids):
     b = to_numpy(lm({"token_ids": changed, "padding_mask": mask}))
     assert_close(a[0, :8], b[0, :8], atol=1e-5)
     # A padded row equals the same sequence alone.
-    alone = to_numpy(lm(ids[:1, :8]))
+    alone = to_numpy(compiled_forward(lm, ids[:1, :8]))
     assert_close(a[0, :8], alone[0], atol=1e-5)
 
 
 def test_cached_decoding_equals_full_forward(lm, ids):
     full = to_numpy(lm(ids))
+    # On JAX one program for the prefill and one for every step (a traced
+    # position, as generation's loop passes it); elsewhere the eager call.
+    prefill = compiled_cached_call(lm, traced_index=False)
+    step = compiled_cached_call(lm)
     cache = lm.backbone.init_cache(2, 16)
-    logits, cache = lm.call_with_cache(ids[:, :5], cache, 0)  # a prefill chunk
+    logits, cache = prefill(ids[:, :5], cache, 0)  # a prefill chunk
     steps = [to_numpy(logits)]
     for i in range(5, 12):
-        logits, cache = lm.call_with_cache(ids[:, i : i + 1], cache, i)
+        logits, cache = step(ids[:, i : i + 1], cache, i)
         steps.append(to_numpy(logits))
     assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -205,24 +216,40 @@ def test_mixed_bfloat16_forward_and_fit(ids):
     keras.config.set_dtype_policy("mixed_bfloat16")
     lm = GPTCausalLM.from_preset("gpt_llama_tiny")
     assert lm.backbone.blocks[0].self_attention.query_dense.kernel.dtype == "float32"
-    logits = to_numpy(keras.ops.cast(lm(ids), "float32"))
+    logits = to_numpy(keras.ops.cast(compiled_forward(lm, ids), "float32"))
     assert np.all(np.isfinite(logits))
     run_fit_test(lm, ids[:, :-1], ids[:, 1:])
     assert lm.generate([[1, 2]], max_new_tokens=3, stop_token_ids=None).shape == (1, 5)
 
 
+# Saves a preset and its outputs in a process of another backend; on JAX
+# its forward is one compiled program (eagerly, each op compiles alone).
+SAVE_ELSEWHERE = """
+import sys, keras, numpy as np
+from keras_transformers.models import GPTCausalLM
+preset, out, ids = sys.argv[1:]
+lm = GPTCausalLM.from_preset("gpt_llama_tiny")
+lm.save_to_preset(preset)
+forward = lm
+if keras.config.backend() == "jax":
+    import jax
+    call = jax.jit(lambda v, x: lm.stateless_call(*v, x)[0])
+    values = [[v.value for v in w] for w in (lm.trainable_variables, lm.non_trainable_variables)]
+    forward = lambda x: call(values, x)
+np.save(out, keras.ops.convert_to_numpy(forward(np.load(ids))))
+"""
+
+
 def test_weights_load_across_backends(tmp_path, ids, backend):
     """A preset saved under another backend loads here with the same outputs."""
     other = {"jax": "torch", "tensorflow": "jax", "torch": "tensorflow"}[backend]
-    script = (
-        "import numpy as np, keras; from keras_transformers.models import GPTCausalLM;"
-        "lm = GPTCausalLM.from_preset('gpt_llama_tiny'); lm.save_to_preset(r'{}');"
-        "np.save(r'{}', keras.ops.convert_to_numpy(lm(np.load(r'{}'))))"
-    ).format(tmp_path / "p", tmp_path / "out.npy", tmp_path / "ids.npy")
     np.save(tmp_path / "ids.npy", ids)
-    env = {**os.environ, "KERAS_BACKEND": other}
+    paths = [str(tmp_path / name) for name in ("p", "out.npy", "ids.npy")]
     subprocess.run(
-        [sys.executable, "-c", script], check=True, env=env, capture_output=True
+        [sys.executable, "-c", SAVE_ELSEWHERE, *paths],
+        check=True,
+        env=toy_run_env(KERAS_BACKEND=other),
+        capture_output=True,
     )
     lm = GPTCausalLM.from_preset(str(tmp_path / "p"))
     assert_close(lm(ids), np.load(tmp_path / "out.npy"), atol=1e-5)
@@ -308,4 +335,5 @@ def test_left_padding_stays_finite(lm):
     """Fully masked query rows (left padding) must not turn real rows into NaN."""
     ids = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]], "int32")
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)
-    assert np.isfinite(to_numpy(lm({"token_ids": ids, "padding_mask": mask}))).all()
+    logits = compiled_forward(lm, {"token_ids": ids, "padding_mask": mask})
+    assert np.isfinite(to_numpy(logits)).all()
