@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import shutil
+import weakref
 
 import keras
 import numpy as np
@@ -57,12 +58,9 @@ def compiled_call(layer, *args, **kwargs):
     if keras.config.backend() != "jax":
         return layer(*args, **kwargs)
 
-    def call(trainable, non_trainable, *args):
-        return layer.stateless_call(trainable, non_trainable, *args, **kwargs)
-
     trainable = [v.value for v in layer.trainable_variables]
     other = [v.value for v in layer.non_trainable_variables]
-    out, state = compiled(call)(trainable, other, *args)
+    out, state = _stateless_program(layer, kwargs)(trainable, other, *args)
     for variable, value in zip(layer.non_trainable_variables, state):
         variable.assign(value)
     return out
@@ -119,7 +117,34 @@ def compiled_forward(model, x):
         return model(x)
     trainable = [v.value for v in model.trainable_variables]
     other = [v.value for v in model.non_trainable_variables]
-    return compiled(model.stateless_call)(trainable, other, x)[0]
+    return _stateless_program(model, {})(trainable, other, x)[0]
+
+
+# `compiled_call` / `compiled_forward`'s programs, kept per layer and call
+# keywords: a new `jax.jit` at every call traces, lowers and compiles the
+# layer again (a loop of calls: one compilation per call).
+_PROGRAMS = weakref.WeakKeyDictionary()
+
+
+def _stateless_program(layer, kwargs):
+    """`jax.jit` of `layer.stateless_call(trainable, non_trainable, *args,
+    **kwargs)`, made once per layer and (hashable) `kwargs`."""
+    try:
+        key = tuple(sorted(kwargs.items()))
+        hash(key)
+    except TypeError:  # unhashable keywords: a program for this call only
+        key = None
+    programs = _PROGRAMS.setdefault(layer, {})
+    if key is None or key not in programs:
+        layer_ref = weakref.ref(layer)  # the cache must not keep the layer alive
+
+        def call(trainable, non_trainable, *args):
+            return layer_ref().stateless_call(trainable, non_trainable, *args, **kwargs)
+
+        if key is None:
+            return compiled(call)
+        programs[key] = compiled(call)
+    return programs[key]
 
 
 def to_numpy(x):
