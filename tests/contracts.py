@@ -78,6 +78,16 @@ def stateless(fn, variables):
     return pure
 
 
+def compiled_reading(fn, variables):
+    """`fn(*args)` reading the Keras `variables`; on JAX one compiled
+    program per input shape that takes the variables' current values as
+    arguments (their updates discarded); unchanged on the other backends."""
+    if keras.config.backend() != "jax":
+        return fn
+    program = compiled(stateless(fn, variables))
+    return lambda *args: program([v.value for v in variables], *args)
+
+
 def compiled_cached_call(model, traced_index=True):
     """`call(token_ids, cache, index)`: `model.call_with_cache`. On JAX one
     compiled program per input shape whose position `index` (a Python int)

@@ -2,16 +2,14 @@
 cached decoding (token by token, in chunks, in `generate`) equals the full
 forward pass with the sliding-window mask."""
 
-import functools
-
 import keras
 import numpy as np
 import pytest
 from contracts import (
     assert_close,
-    compiled,
     compiled_cached_call,
     compiled_forward,
+    compiled_reading,
     randomize_weights,
     stateless,
     to_numpy,
@@ -86,10 +84,7 @@ def ring():
     def keys(x):
         return layer.rotary(layer.key_dense(x), np.arange(x.shape[1]))
 
-    if keras.config.backend() == "jax":
-        keys = compiled(stateless(keys, layer.variables))
-        keys = functools.partial(keys, [v.value for v in layer.variables])
-    keys = to_numpy(keys(x))
+    keys = to_numpy(compiled_reading(keys, layer.variables)(x))
     return layer, _stepper(layer), to_numpy(compiled_forward(layer, x)), keys
 
 
@@ -182,20 +177,6 @@ def _lm(window):
     return _MODELS[window]
 
 
-_FORWARDS = {}
-
-
-def _forward(lm):
-    """`lm(x)`; on JAX one compiled program per shape that every step of
-    every test reuses (`compiled_forward` compiles anew per call)."""
-    if keras.config.backend() != "jax":
-        return lm
-    if id(lm) not in _FORWARDS:
-        program = compiled(lambda values, x: stateless(lm, lm.variables)(values, x))
-        _FORWARDS[id(lm)] = lambda x: program([v.value for v in lm.variables], x)
-    return _FORWARDS[id(lm)]
-
-
 def _reference_greedy(lm, prompts, steps, length=64):
     """Greedy decoding that recomputes the full forward pass every step, on a
     fixed-length buffer (causal: the zeros after a row do not change it)."""
@@ -203,9 +184,8 @@ def _reference_greedy(lm, prompts, steps, length=64):
     lengths = [len(p) for p in prompts]
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
-    forward = _forward(lm)
     for _ in range(steps):
-        logits = to_numpy(forward(buffer))
+        logits = to_numpy(compiled_forward(lm, buffer))
         for row, n in enumerate(lengths):
             buffer[row, n] = int(logits[row, n - 1].argmax())
             lengths[row] += 1
@@ -234,7 +214,7 @@ def test_model_cached_decoding_equals_full_forward(rng):
     for i in range(6, 20):
         logits, cache = step(ids[:, i : i + 1], cache, i)
         steps.append(to_numpy(logits))
-    full = to_numpy(_forward(lm)(ids))
+    full = to_numpy(compiled_forward(lm, ids))
     assert_close(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 

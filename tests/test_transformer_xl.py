@@ -4,10 +4,12 @@ transcription of the paper (relative shift included), segment memory
 the memory), stateful `fit()` over consecutive segments, generation with
 memory, saving, and config errors."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
-from contracts import compiled, compiled_call, compiled_forward, stateless
+from contracts import compiled_call, compiled_forward, compiled_reading
 from keras import ops
 
 import keras_transformers as kt
@@ -27,34 +29,6 @@ TINY = dict(
     position_embedding="transformer_xl",
     memory_length=6,
 )
-
-
-def _compiled(variables, fn):
-    """`fn`, reading the Keras `variables`; on JAX one compiled program per
-    input shape (their updates discarded)."""
-    if keras.config.backend() != "jax":
-        return fn
-    program = compiled(stateless(fn, variables))
-    return lambda *args: program([v.value for v in variables], *args)
-
-
-def _stateful(layer):
-    """`layer(x)`, its non-trainable updates (the memory) assigned; on JAX
-    one compiled program per input shape and state, reused by every call
-    (`compiled_call` compiles anew per call)."""
-    if keras.config.backend() != "jax":
-        return layer
-    program = compiled(layer.stateless_call)
-
-    def call(x):
-        trainable = [v.value for v in layer.trainable_variables]
-        state = [v.value for v in layer.non_trainable_variables]
-        out, state = program(trainable, state, x)
-        for variable, value in zip(layer.non_trainable_variables, state):
-            variable.assign(value)
-        return out
-
-    return call
 
 
 # ------------------------------------------------------- NumPy reference
@@ -129,11 +103,11 @@ def test_relative_attention_matches_numpy_reference(rng, num_kv_heads, clamp_len
     bias.build()
     for w in (bias.content_bias, bias.position_bias):  # non-zero biases
         w.assign(rng.normal(size=w.shape).astype("float32"))
-    out = _compiled(
-        attention.variables + bias.variables,
+    out = compiled_reading(
         lambda x, mem, mask: attention(
             x, attention_bias=bias.bias_fn(), memory=mem, memory_mask=mask
         ),
+        attention.variables + bias.variables,
     )(x, mem, mem_mask)
     to_np = lambda w: ops.convert_to_numpy(w).astype("float64")  # noqa: E731
     weights = [
@@ -162,7 +136,7 @@ def test_second_segment_with_memory_equals_joint_pass(rng, norm_position):
     mask[1, 10:] = False
     joint = compiled_forward(model, {"token_ids": ids, "padding_mask": mask})
     joint = ops.convert_to_numpy(joint)
-    with_memory = _compiled(model.variables, model.call_with_memory)
+    with_memory = compiled_reading(model.call_with_memory, model.variables)
     first, memory, memory_mask = with_memory(ids[:, :6])
     second, _, _ = with_memory(
         {"token_ids": ids[:, 6:], "padding_mask": mask[:, 6:]}, memory, memory_mask
@@ -202,7 +176,9 @@ def test_no_gradient_reaches_the_memory(rng):
     model = kt.models.GPTBackbone(**TINY)
     ids = rng.integers(0, 40, (2, 6)).astype("int32")
     memory = rng.normal(size=(2, 2, 6, 16)).astype("float32")
-    hidden = _compiled(model.variables, lambda m: model.call_with_memory(ids, m)[0])
+    hidden = compiled_reading(
+        lambda m: model.call_with_memory(ids, m)[0], model.variables
+    )
     other = ops.convert_to_numpy(hidden(memory[:, :, ::-1].copy()))
     assert np.abs(ops.convert_to_numpy(hidden(memory)) - other).max() > 1e-5
     assert np.abs(_gradient(hidden, memory)).max() == 0.0
@@ -227,7 +203,7 @@ def test_segment_batches_layout():
 def test_stateful_calls_continue_rows_and_reset(rng):
     lm = GPTCausalLM(**TINY)
     ids = rng.integers(0, 40, (2, 12)).astype("int32")
-    call = _stateful(lm)
+    call = functools.partial(compiled_call, lm)
     joint = ops.convert_to_numpy(call(ids))
     lm.reset_memory(batch_size=2)
     call(ids[:, :6])
@@ -272,13 +248,13 @@ def test_training_attends_to_the_last_training_memory_slots(rng):
     lm = GPTCausalLM(**{**TINY, "eval_memory_length": 12})
     ids = rng.integers(0, 40, (2, 18)).astype("int32")
     lm.reset_memory(batch_size=2)
-    call = _stateful(lm)
+    call = functools.partial(compiled_call, lm)
     call(ids[:, :6])
     call(ids[:, 6:12])
     states = ops.convert_to_numpy(lm.backbone.segment_memory.states)
     assert states.shape == (2, 2, 12, 16)
     out = compiled_call(lm.backbone, ids[:, 12:], training=True)
-    with_memory = _compiled(lm.backbone.variables, lm.backbone.call_with_memory)
+    with_memory = compiled_reading(lm.backbone.call_with_memory, lm.backbone.variables)
     expected, _, _ = with_memory(ids[:, 12:], states[:, :, -6:])
     np.testing.assert_allclose(
         ops.convert_to_numpy(out), ops.convert_to_numpy(expected), atol=2e-5

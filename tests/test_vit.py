@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 from contracts import (
     assert_close,
-    compiled,
     compiled_call,
+    compiled_reading,
     randomize_weights,
     run_fit_test,
     run_layer_test,
     run_saving_test,
-    stateless,
     to_numpy,
 )
 
@@ -41,8 +40,7 @@ def _forwards(fn, models, *args):
     if keras.config.backend() != "jax":
         return to_numpy(fn(*args))
     variables = [v for model in models for v in model.variables]
-    values = [v.value for v in variables]
-    return to_numpy(compiled(stateless(fn, variables))(values, *args))
+    return to_numpy(compiled_reading(fn, variables)(*args))
 
 
 @pytest.fixture(scope="module")
