@@ -1,85 +1,36 @@
 """Tests for `keras_transformers.tokenizer` (GPT-2 style byte-level BPE).
 
 The reference everywhere is the Hugging Face `tokenizers` / `transformers`
-implementation. Optional checks against OpenAI's real GPT-2 files run when
-those files are found (see `_find_in_whisper_sdist`), and skip otherwise.
+implementation. Inside tf.data, keras-hub's TensorFlow graph path gives the
+GPT-2 ids on `bpe_samples.TF_EXACT_SAMPLES` and differs on a whitespace run
+before a word or at the end (`TF_KNOWN_DIFFERENCES`). OpenAI's real GPT-2
+files: test_tokenizer_tiktoken.py.
 """
 
 from __future__ import annotations
 
-import base64
-import glob
 import json
-import os
 import pathlib
-import tarfile
 
 import keras
 import numpy as np
 import pytest
+from bpe_samples import (
+    END,
+    SAMPLES,
+    SPECIALS,
+    TF_EXACT_SAMPLES,
+    VOCAB_SIZE,
+    chunks,
+    corpus,
+    tf_options,
+)
 
 from keras_transformers.tokenizer import (
     BPETokenizer,
     load_tokenizer,
     train_bpe,
 )
-
-END = "<|endoftext|>"
-SPECIALS = (END, "<|pad|>", "<|im_start|>")
-VOCAB_SIZE = 500
-
-# Spaces, newlines, punctuation, digits, unicode, leading/trailing spaces.
-SAMPLES = [
-    "Hello, world!",
-    "  leading and trailing  ",
-    " leading space",
-    "trailing space ",
-    "foo  bar   baz",
-    "tabs\tand\nnewlines\n\n\nend",
-    "a\n\nb",
-    "line one\r\nline two\r\n",
-    "def f(x):\n    return x ** 2\n",
-    "café 東京 🙂",
-    "Ünïcödé ñ e\u0301 👩\u200d👩\u200d👧",
-    "1234567 numbers 3.14159 -42 1e-9",
-    "don't I'll WE'RE it's they've",
-    '(paren) [x] {y} "q" <tag/> #!/usr/bin/env',
-    f"a{END}b",
-    f"{END} start and end {END}",
-    "<|im_start|>user\nhi<|pad|><|pad|>",
-    "   ",
-    "",
-    "\u00a0nbsp\u3000ideographic space",
-    "!!!???...",
-    "word\n  indented\n\tand tabbed",
-    "x" * 300,
-]
-
-# The subset on which keras-hub's TensorFlow graph path (used inside tf.data)
-# is known to give the GPT-2 ids: no runs of two or more whitespace
-# characters before a word or at the end, no exotic whitespace.
-TF_EXACT_SAMPLES = [
-    "Hello, world!",
-    " leading space",
-    "trailing space ",
-    "café 東京 🙂",
-    "1234567 numbers 3.14159 -42 1e-9",
-    "don't I'll WE'RE it's they've",
-    '(paren) [x] {y} "q" <tag/> #!/usr/bin/env',
-    f"a{END}b",
-    "line one\nline two",
-    "x" * 300,
-]
-
-
-def _corpus() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n".join(topics.values())[:300_000]
-
-
-def _chunks(text: str, size: int = 5000) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _train_reference_hf(texts: list[str]):
@@ -102,7 +53,7 @@ def _train_reference_hf(texts: list[str]):
 
 @pytest.fixture(scope="module")
 def corpus_chunks() -> list[str]:
-    return _chunks(_corpus())
+    return chunks(corpus())
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +134,7 @@ def test_ids_equal_hf_and_round_trip(tokenizer, hf_reference, text):
 
 
 def test_ids_equal_hf_on_corpus(tokenizer, hf_reference, rng):
-    text = _corpus()
+    text = corpus()
     starts = rng.integers(0, len(text) - 2000, size=200)
     lengths = rng.integers(1, 2000, size=200)
     texts = [text[s : s + n] for s, n in zip(starts, lengths)]
@@ -273,16 +224,6 @@ def test_call_eager_equals_encode(tokenizer):
 TF_KNOWN_DIFFERENCES = ["a  ", "a\n  ", f"a  {END}"]
 
 
-def _tf_options():
-    """Skips tf.data's graph optimizations, which only slow these tiny tests."""
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.experimental_optimization.apply_default_optimizations = False
-    options.autotune.enabled = False
-    return options
-
-
 @pytest.fixture(scope="module")
 def tf_data_ids(tokenizer) -> dict[str, list[int]]:
     """Ids from ONE `dataset.map(tokenizer)` (each trace of keras-hub's graph
@@ -290,7 +231,7 @@ def tf_data_ids(tokenizer) -> dict[str, list[int]]:
     import tensorflow as tf
 
     texts = list(dict.fromkeys(SAMPLES + TF_EXACT_SAMPLES + TF_KNOWN_DIFFERENCES))
-    ds = tf.data.Dataset.from_tensor_slices(texts).with_options(_tf_options())
+    ds = tf.data.Dataset.from_tensor_slices(texts).with_options(tf_options())
     ds = ds.batch(16).map(tokenizer)
     rows = [row for batch in ds for row in batch.to_list()]
     return dict(zip(texts, rows))
@@ -336,7 +277,7 @@ def test_tf_data_unbatched_with_sequence_length(tokenizer, tmp_path):
     assert expected.shape == (3, 6) and expected[0, -1] == 1
     assert (expected[2] == 1).all()
     assert padded("Hello").tolist() == expected[0].tolist()
-    ds = tf.data.Dataset.from_tensor_slices(texts).with_options(_tf_options())
+    ds = tf.data.Dataset.from_tensor_slices(texts).with_options(tf_options())
     got = [x.numpy() for x in ds.map(padded)]
     assert all(x.shape == (6,) for x in got)
     np.testing.assert_array_equal(np.stack(got), expected)
@@ -492,109 +433,3 @@ def test_train_from_files(corpus_chunks, tmp_path):
 # ---------------------------------------------------------------------------
 # tiktoken rank files.
 # ---------------------------------------------------------------------------
-
-
-def test_from_tiktoken_reconstructs_merges(tokenizer, tmp_path):
-    """A rank file written from our tokenizer gives back its merges."""
-    from keras_transformers.tokenizer._common import _BYTE_TO_UNICODE
-
-    unicode_to_byte = {u: b for b, u in _BYTE_TO_UNICODE.items()}
-    lines = []
-    for token, index in sorted(tokenizer.vocabulary.items(), key=lambda x: x[1]):
-        if token not in SPECIALS:
-            data = bytes(unicode_to_byte[c] for c in token)
-            lines.append(f"{base64.b64encode(data).decode()} {index}\n")
-    (tmp_path / "ours.tiktoken").write_text("".join(lines))
-    loaded = BPETokenizer.from_tiktoken(
-        tmp_path / "ours.tiktoken",
-        special_tokens={token: i for i, token in enumerate(SPECIALS)},
-    )
-    assert loaded.vocabulary == tokenizer.vocabulary
-    assert loaded.merges == tokenizer.merges
-    assert loaded.special_tokens == SPECIALS
-
-
-def _find_in_whisper_sdist(suffix: str, tmp_path: pathlib.Path) -> pathlib.Path | None:
-    """Finds a GPT-2 asset in an `openai-whisper` sdist or install.
-
-    Looks at `$KERAS_TRANSFORMERS_WHISPER_DIR` (default `/tmp/whisper*`) for
-    extracted files or sdists, e.g. after
-    `pip download --no-deps --no-binary :all: openai-whisper==20250625 -d /tmp/whisper`
-    (which has `assets/gpt2.tiktoken`; versions up to 20230124 have
-    `assets/gpt2/vocab.json` and `merges.txt`), and at an installed `whisper`.
-    """
-    roots = glob.glob(os.environ.get("KERAS_TRANSFORMERS_WHISPER_DIR", "/tmp/whisper*"))
-    try:
-        import whisper  # type: ignore[import-not-found]
-
-        roots.append(os.path.dirname(whisper.__file__))
-    except Exception:
-        pass
-    for root in roots:
-        found = glob.glob(os.path.join(root, "**", "*" + suffix), recursive=True)
-        if found:
-            return pathlib.Path(found[0])
-        for archive in glob.glob(os.path.join(root, "*.tar.gz")):
-            with tarfile.open(archive) as tar:
-                for member in tar.getmembers():
-                    if member.name.endswith(suffix):
-                        out = tmp_path / pathlib.Path(suffix).name
-                        out.write_bytes(tar.extractfile(member).read())
-                        return out
-    return None
-
-
-@pytest.fixture(scope="module")
-def gpt2_tiktoken(tmp_path_factory):
-    path = _find_in_whisper_sdist("assets/gpt2.tiktoken", tmp_path_factory.mktemp("tt"))
-    if path is None:
-        pytest.skip("gpt2.tiktoken not found (download the openai-whisper sdist)")
-    return BPETokenizer.from_tiktoken(path)
-
-
-def test_gpt2_tiktoken_known_ids(gpt2_tiktoken):
-    assert gpt2_tiktoken.vocabulary_size == 50257
-    assert gpt2_tiktoken.eos_token_id == 50256
-    assert gpt2_tiktoken.encode("Hello world").tolist() == [15496, 995]
-    assert gpt2_tiktoken.encode(" Hello world").tolist() == [18435, 995]
-    assert gpt2_tiktoken.encode("a\n\nb").tolist() == [64, 198, 198, 65]
-    for text in SAMPLES:
-        assert gpt2_tiktoken.decode(gpt2_tiktoken.encode(text)) == text
-
-
-def test_gpt2_tiktoken_equals_gpt2_vocab_and_merges(gpt2_tiktoken, tmp_path):
-    vocab = _find_in_whisper_sdist("assets/gpt2/vocab.json", tmp_path)
-    merges = _find_in_whisper_sdist("assets/gpt2/merges.txt", tmp_path)
-    if vocab is None or merges is None:
-        pytest.skip("GPT-2 vocab.json/merges.txt not found (openai-whisper<=20230124)")
-    gpt2 = BPETokenizer.from_gpt2_files(vocab, merges)
-    assert gpt2_tiktoken.vocabulary == gpt2.vocabulary
-    assert gpt2_tiktoken.merges == gpt2.merges
-
-    from transformers import GPT2TokenizerFast
-
-    (tmp_path / "gpt2").mkdir()
-    for path in (vocab, merges):
-        (tmp_path / "gpt2" / path.name).write_bytes(path.read_bytes())
-    hf = GPT2TokenizerFast.from_pretrained(str(tmp_path / "gpt2"))
-    for text in SAMPLES:
-        assert gpt2.encode(text).tolist() == hf(text)["input_ids"], text
-
-
-@pytest.mark.once
-def test_gpt2_tf_data_blank_line_difference(gpt2_tiktoken):
-    """keras-hub's graph path with GPT-2's vocabulary, pinned as it is today.
-
-    A blank line before a word is one `"\\n\\n"` token (628) inside tf.data,
-    where GPT-2 and `encode` give two `"\\n"` (198, 198): keras-hub 0.32 keeps
-    newline runs whole (a Llama 3 rule). If this fails because the ids became
-    `[64, 198, 198, 65]`, keras-hub was fixed: update the module docstring.
-    """
-    import tensorflow as tf
-
-    texts = ["a\n\nb", "Hello world"]
-    ds = tf.data.Dataset.from_tensor_slices(texts).with_options(_tf_options())
-    got = next(iter(ds.batch(2).map(gpt2_tiktoken))).to_list()
-    assert gpt2_tiktoken.encode(texts) == [[64, 198, 198, 65], [15496, 995]]
-    assert got == [[64, 628, 65], [15496, 995]]
-    assert gpt2_tiktoken.decode(got) == texts
