@@ -167,6 +167,22 @@ def to_numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
+def to_float(x):
+    """A scalar tensor of any backend as a Python float."""
+    return float(to_numpy(x))
+
+
+def round_trip(obj):
+    """`obj` (a Keras schedule, loss, metric, ...) serialized and revived:
+    checks the type and the config survive, returns the revived object."""
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(obj)
+    )
+    assert type(restored) is type(obj)
+    assert restored.get_config() == obj.get_config()
+    return restored
+
+
 def assert_close(a, b, atol=1e-5, rtol=0.0):
     a, b = to_numpy(a), to_numpy(b)
     if isinstance(a, dict):
