@@ -6,7 +6,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, compiled_forward, to_numpy
+from contracts import assert_close, compiled_forward, compiled_reading, to_numpy
 
 import keras_transformers as kt
 from keras_transformers.layers import SparseMoE, TokenEmbedding
@@ -89,7 +89,10 @@ def test_classifier_head_stays_trainable():
 
 
 def test_lora_output_equals_base_plus_low_rank_update(lm, ids):
-    plain, before = twin(lm), to_numpy(lm(ids))
+    # One compiled program for `plain`'s two forwards (its weights are
+    # arguments) and one per structure of `lm` (eager JAX: one per op).
+    plain = twin(lm)
+    before = to_numpy(compiled_forward(plain, ids))
     target = ("query", "value", "attention_output", "gate", "output")
     lm.enable_lora(4, target=target, alpha=8)
     randomize_lora(lm)
@@ -103,14 +106,14 @@ def test_lora_output_equals_base_plus_low_rank_update(lm, ids):
     ):
         a, b = to_numpy(layer.lora_kernel_a), to_numpy(layer.lora_kernel_b)
         base._kernel.assign(to_numpy(base._kernel) + 2.0 * np.matmul(a, b))
-    expected = to_numpy(plain(ids))
+    expected = to_numpy(compiled_forward(plain, ids))
     assert np.abs(expected - before).max() > 1e-3  # not a no-op
-    assert_close(lm(ids), expected, atol=1e-5)
+    assert_close(compiled_forward(lm, ids), expected, atol=1e-5)
     lm.merge_lora()
     assert not lora_layers(lm)
     assert len(lm.trainable_weights) == len(plain.trainable_weights)
     assert lm.count_params() == plain.count_params()
-    assert_close(lm(ids), expected, atol=1e-5)
+    assert_close(compiled_forward(lm, ids), expected, atol=1e-5)
 
 
 def test_lora_weights_round_trip(lm, ids, tmp_path):
@@ -125,7 +128,9 @@ def test_lora_weights_round_trip(lm, ids, tmp_path):
     assert os.path.getsize(path) * 5 < os.path.getsize(full)
     base.enable_lora(2, target=target)
     base.load_lora_weights(path)
-    np.testing.assert_array_equal(to_numpy(base(ids)), to_numpy(lm(ids)))
+    np.testing.assert_array_equal(
+        to_numpy(compiled_forward(base, ids)), to_numpy(compiled_forward(lm, ids))
+    )
     with pytest.raises(ValueError, match="enable_lora"):
         plain.load_lora_weights(path)
     plain.enable_lora(4, target=target)
@@ -138,16 +143,16 @@ def test_lora_weights_round_trip(lm, ids, tmp_path):
 def test_save_to_preset_with_lora_saves_merged_model(lm, ids, tmp_path):
     lm.enable_lora(2)
     randomize_lora(lm)
-    expected = to_numpy(lm(ids))
+    expected = to_numpy(compiled_forward(lm, ids))
     lm.save_to_preset(os.path.join(tmp_path, "preset"))
     restored = kt.from_preset(os.path.join(tmp_path, "preset"))
     assert not lora_layers(restored)
-    assert_close(restored(ids), expected, atol=1e-5)
+    assert_close(compiled_forward(restored, ids), expected, atol=1e-5)
     # Loading the preset onto a LoRA model gives the merged kernels, zero LoRA.
     again = twin(restored)
     again.enable_lora(2)
     again.load_weights(os.path.join(tmp_path, "preset", "model.weights.h5"))
-    assert_close(again(ids), expected, atol=1e-5)
+    assert_close(compiled_forward(again, ids), expected, atol=1e-5)
 
 
 def test_lora_argument_errors(lm):
@@ -206,10 +211,12 @@ def test_int8_causal_lm_generate(ids, tmp_path):
     moe = lm.backbone.blocks[0].feed_forward
     assert isinstance(moe, SparseMoE) and moe.dispatch == "sparse"
     assert keras.backend.standardize_dtype(moe.expert_down.dtype) == "int8"
-    hidden = to_numpy(lm.backbone.embed(ids))  # 20 tokens: block layout
-    sparse = to_numpy(moe(hidden))
+    embed = compiled_reading(lm.backbone.embed, lm.backbone.variables)
+    hidden = to_numpy(embed(ids))  # 20 tokens
+    # One compiled program per dispatch (a new one reads `dispatch` again).
+    sparse = to_numpy(compiled_reading(moe, moe.variables)(hidden))  # block layout
     moe.dispatch = "dense"  # the reference: every expert on every token
-    assert_close(moe(hidden), sparse, atol=1e-5)
+    assert_close(compiled_reading(moe, moe.variables)(hidden), sparse, atol=1e-5)
     moe.dispatch = "sparse"
     agree = np.mean(logits.argmax(-1) == expected.argmax(-1))
     assert agree > 0.75, agree
