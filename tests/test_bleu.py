@@ -1,5 +1,5 @@
 """BLEU (`corpus_bleu`, `sentence_bleu`, `tokenize_13a`, `BleuScore` results)
-metric) against sacreBLEU (a test-only dependency; the package never
+against sacreBLEU (a test-only dependency; the package never
 imports it): random corpora, edge cases, options, several references."""
 
 import random
