@@ -73,14 +73,9 @@ def _check_resume(tmp_path, argv, job=None, interrupt=4, **overrides):
 
 @pytest.mark.once
 def test_train_resume_causal_lm(tmp_path, text_file):
-    """The causal-LM job: its BPE vocabulary, data order and schedule."""
-    argv = ["train", "gpt2_tiny", "--data", str(text_file), "--vocabulary-size"]
-    _check_resume(tmp_path, argv + ["300", *ARGS])
-
-
-@pytest.mark.once
-def test_train_resume_mixtral(tmp_path, text_file):
-    """MoE router statistics and the warmup + cosine schedule position."""
+    """The causal-LM job (`train.run`, the same for every causal preset; a
+    Mixtral one): its BPE vocabulary, data order, the warmup + cosine
+    schedule position and MoE router statistics."""
     argv = ["train", "mixtral_tiny", "--data", str(text_file), "--vocabulary-size"]
     _check_resume(tmp_path, argv + ["300", *ARGS])
 
