@@ -1,4 +1,5 @@
-"""Tests for `keras_transformers.preprocessing` (BERT WordPiece preprocessing).
+"""Tests for `keras_transformers.preprocessing` (BERT WordPiece preprocessing;
+masked-LM masking: test_mlm_masking.py).
 
 The reference is Hugging Face `transformers.BertTokenizer` (the Rust
 `tokenizers` pipeline in transformers 5), built from the same `vocab.txt`.
@@ -7,21 +8,14 @@ Known differences are `xfail(strict=True)`: they fail loudly once fixed.
 
 from __future__ import annotations
 
-import atexit
-import functools
-import math
 import shutil
-import tempfile
-from pydoc_data.topics import topics
 
-import keras
 import numpy as np
 import pytest
+from wordpiece_samples import DOCS, SPECIALS, tokenizers
 
 from keras_transformers.preprocessing import (
     BertPreprocessor,
-    MaskedLMDataset,
-    MaskedLMMasker,
     WordPieceTokenizer,
     load_preprocessor,
     train_wordpiece,
@@ -29,13 +23,6 @@ from keras_transformers.preprocessing import (
 
 transformers = pytest.importorskip("transformers")
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-DOCS = [topics[k] for k in sorted(topics)]
-# Handcrafted tokens so that accents, CJK and punctuation hit the vocabulary.
-EXTRA = (
-    "café ##é é naïve 中 文 東 京 の « » — … ¿ ¡ “ ” ’ ß straße ##ss σ ς ο ##ο "
-    "##δ ##σ ##ς ﬁ ##ﬁ ü ##ü über İ ı Ａ １ ① ٣ ##\u0301 \u0301 ⁵ ##x"
-).split()
 SAMPLES = [
     "Hello, World! It's a naïve café.",
     "Ünïcödé ÀÉÎÕÜ ñ straße STRASSE ß",
@@ -65,23 +52,9 @@ SAMPLES = [
 TF_KNOWN = {(False, "é" * 60)}
 
 
-@functools.cache
-def _tokenizers(lowercase):
-    """`(our tokenizer, transformers.BertTokenizer, saved directory)`."""
-    trained = train_wordpiece(DOCS, 1000, lowercase=lowercase)
-    vocab = trained.vocabulary
-    vocab += [t for t in dict.fromkeys(EXTRA) if t not in vocab]
-    tokenizer = WordPieceTokenizer(vocab, lowercase=lowercase)
-    directory = tempfile.mkdtemp(prefix="wordpiece_")
-    atexit.register(shutil.rmtree, directory, True)
-    tokenizer.save_assets(directory)
-    hf = transformers.BertTokenizer(f"{directory}/vocab.txt", do_lower_case=lowercase)
-    return tokenizer, hf, directory
-
-
 @pytest.fixture(params=[True, False], ids=["uncased", "cased"])
 def setup(request):
-    return _tokenizers(request.param)
+    return tokenizers(request.param)
 
 
 def _hf_ids(hf, text):
@@ -154,7 +127,7 @@ def test_tf_data_path_matches_transformers(setup):
     strict=True, raises=AssertionError, reason="keras-hub limits words to 100 bytes"
 )
 def test_tf_data_path_long_non_ascii_word():
-    tokenizer, hf, _ = _tokenizers(False)
+    tokenizer, hf, _ = tokenizers(False)
     assert _tf_data_ids(tokenizer, ["é" * 60]) == [_hf_ids(hf, "é" * 60)]
 
 
@@ -178,7 +151,7 @@ KERAS_HUB_DIFFERENCES = [
 def test_plain_keras_hub_differs(text):
     import keras_hub
 
-    tokenizer, hf, _ = _tokenizers(True)
+    tokenizer, hf, _ = tokenizers(True)
     plain = keras_hub.tokenizers.WordPieceTokenizer(
         tokenizer.vocabulary,
         lowercase=True,
@@ -197,7 +170,7 @@ def test_plain_keras_hub_differs(text):
     [(True, "ΟΔΟΣ"), (False, "e\u0301")],  # final sigma; NFC composition
 )
 def test_transformers_legacy_tokenizer_differs(lowercase, text):
-    tokenizer, _, directory = _tokenizers(lowercase)
+    tokenizer, _, directory = tokenizers(lowercase)
     legacy = transformers.BertTokenizerLegacy(
         f"{directory}/vocab.txt", do_lower_case=lowercase
     )
@@ -253,7 +226,7 @@ def test_packs_single_segments(setup):
 
 @pytest.mark.parametrize("truncate", ["round_robin", "longest_first", "waterfall"])
 def test_pair_truncation(truncate):
-    tokenizer, hf, _ = _tokenizers(True)
+    tokenizer, hf, _ = tokenizers(True)
     rng = np.random.default_rng(0)
     words = "a b c d e f g h i j k l m n o p".split()
     firsts = [" ".join(rng.choice(words, rng.integers(0, 14))) for _ in range(60)]
@@ -294,7 +267,7 @@ def test_pair_truncation(truncate):
 
 def test_tf_data_packing_matches_eager():
     tf = pytest.importorskip("tensorflow")
-    tokenizer = _tokenizers(False)[0]
+    tokenizer = tokenizers(False)[0]
     texts = [t for t in SAMPLES if (False, t) not in TF_KNOWN]
     a, b = texts[:8], texts[8:16]
     round_robin = BertPreprocessor(tokenizer, 12, truncate="round_robin")
@@ -325,7 +298,7 @@ def test_tf_data_packing_matches_eager():
 
 
 def test_preprocessor_errors():
-    tokenizer = _tokenizers(True)[0]
+    tokenizer = tokenizers(True)[0]
     with pytest.raises(ValueError, match="truncate"):
         BertPreprocessor(tokenizer, 8, truncate="left")
     with pytest.raises(ValueError, match="sequence_length"):
@@ -338,115 +311,11 @@ def test_preprocessor_errors():
         WordPieceTokenizer(["[PAD]", "[UNK]", "a"])
 
 
-# -- masked-LM masking ---------------------------------------------------------
-
-
-def _random_batch(rng, batch=2000, length=128, vocab=1000):
-    ids = rng.integers(5, vocab, size=(batch, length)).astype("int32")
-    lengths = rng.integers(3, length + 1, size=batch)
-    mask = np.arange(length)[None] < lengths[:, None]
-    ids[:, 0] = 2
-    ids[np.arange(batch), lengths - 1] = 3
-    ids[~mask] = 0
-    ids[rng.random(ids.shape) < 0.02] = 1  # a few [UNK]: special, never masked
-    return ids, mask
-
-
-def test_masker_statistics():
-    ids, mask = _random_batch(np.random.default_rng(1))
-    masker = MaskedLMMasker(1000, 4, (0, 1, 2, 3, 4), seed=0)
-    out = masker(ids, mask)
-    weight = out["sample_weight"].astype(bool)
-    maskable = mask & (ids > 4)
-    assert abs(weight.sum() / maskable.sum() - 0.15) < 0.005
-    rows = np.repeat(np.arange(len(ids))[:, None], weight.shape[1], axis=1)[weight]
-    now = out["token_ids"][rows, out["mask_positions"][weight]]
-    before = out["labels"][weight]
-    fractions = [np.mean(now == 4), np.mean((now != 4) & (now != before))]
-    fractions.append(np.mean(now == before))
-    np.testing.assert_allclose(fractions, [0.8, 0.1, 0.1], atol=0.01)
-
-
-def test_masker_invariants():
-    rng = np.random.default_rng(2)
-    ids, mask = _random_batch(rng, batch=300, length=40, vocab=50)
-    masker = MaskedLMMasker(50, 4, (0, 1, 2, 3, 4), seed=3)
-    out = masker(ids, mask)
-    positions, weight = out["mask_positions"], out["sample_weight"].astype(bool)
-    assert positions.shape == (300, math.ceil(0.15 * 40))
-    assert {v.dtype.name for v in out.values()} == {"int32", "float32"}
-    for i in range(len(ids)):
-        chosen = positions[i][weight[i]]
-        assert (np.diff(chosen) > 0).all()  # sorted, no repeats
-        assert mask[i, chosen].all() and (ids[i, chosen] > 4).all()
-        np.testing.assert_array_equal(out["labels"][i][weight[i]], ids[i, chosen])
-        assert (
-            not positions[i][~weight[i]].any()
-            and not out["labels"][i][~weight[i]].any()
-        )
-        changed = np.flatnonzero(out["token_ids"][i] != ids[i])
-        assert set(changed) <= set(chosen)
-        assert (out["token_ids"][i, changed] != 0).all()
-        assert weight[i].sum() == max(1, round(0.15 * (mask[i] & (ids[i] > 4)).sum()))
-    # Random replacements are never special tokens; a seed reproduces.
-    replaced = out["token_ids"][(out["token_ids"] != ids) & (out["token_ids"] != 4)]
-    assert len(replaced) and (replaced > 4).all()
-    again = MaskedLMMasker(50, 4, (0, 1, 2, 3, 4), seed=3)(ids, mask)
-    np.testing.assert_array_equal(again["token_ids"], out["token_ids"])
-    with pytest.raises(ValueError, match="mask_rate"):
-        MaskedLMMasker(50, 4, mask_rate=0)
-    with pytest.raises(ValueError, match="at most 1"):
-        MaskedLMMasker(50, 4, random_rate=0.6, unchanged_rate=0.6)
-
-
-def test_masked_lm_dataset_masks_afresh_each_epoch():
-    tokenizer = _tokenizers(True)[0]
-    x = BertPreprocessor(tokenizer, 32)(DOCS[:10], DOCS[10:20])
-    masker = MaskedLMMasker.from_tokenizer(tokenizer)
-    data = MaskedLMDataset(x, masker, batch_size=4, seed=0)
-    assert len(data) == 3
-    batch, labels, weights = data[0]
-    assert set(batch) == {"token_ids", "segment_ids", "padding_mask", "mask_positions"}
-    assert batch["token_ids"].shape == (4, 32)
-    assert labels.shape == weights.shape == (4, math.ceil(0.15 * 32))
-    np.testing.assert_array_equal(data[0][0]["token_ids"], batch["token_ids"])
-    data.on_epoch_end()
-    assert not np.array_equal(data[0][0]["mask_positions"], batch["mask_positions"])
-    assert data[2][0]["token_ids"].shape == (2, 32)
-
-
-def test_fit_bert_masked_lm_from_raw_text(tmp_path):
-    from keras_transformers.models import BertMaskedLM
-
-    tokenizer = _tokenizers(True)[0]
-    pre = BertPreprocessor(tokenizer, sequence_length=32)
-    x = pre([d[:300] for d in DOCS[:16]])
-    data = MaskedLMDataset(
-        x, MaskedLMMasker.from_tokenizer(tokenizer, seed=0), 8, seed=0
-    )
-    model = BertMaskedLM.from_preset(
-        "bert_tiny", vocabulary_size=tokenizer.vocabulary_size, max_sequence_length=32
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    history = model.fit(data, epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"]).all()
-    # Saved with the preset, under `tokenizer/`.
-    model.tokenizer = pre
-    model.save_to_preset(tmp_path)
-    restored = load_preprocessor(tmp_path / "tokenizer")
-    np.testing.assert_array_equal(
-        restored(DOCS[:2])["token_ids"], pre(DOCS[:2])["token_ids"]
-    )
-
-
 # -- saving ---------------------------------------------------------------------
 
 
 def test_save_and_load_round_trip(tmp_path):
-    tokenizer = _tokenizers(False)[0]
+    tokenizer = tokenizers(False)[0]
     pre = BertPreprocessor(tokenizer, 24, truncate="longest_first")
     pre.save_assets(tmp_path / "tok")
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
@@ -466,7 +335,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_loads_hugging_face_directories(tmp_path):
-    tokenizer, hf, directory = _tokenizers(False)
+    tokenizer, hf, directory = tokenizers(False)
     hf.model_max_length = 64
     hf.save_pretrained(tmp_path)  # transformers 5: tokenizer.json, no vocab.txt
     assert not (tmp_path / "vocab.txt").exists()
