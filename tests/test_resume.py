@@ -38,7 +38,7 @@ from keras_transformers.training import (
     WarmupCosineDecay,
 )
 
-EPOCHS, STEPS, BATCH, LENGTH = 2, 3, 2, 8
+EPOCHS, STEPS, BATCH, LENGTH = 2, 2, 2, 8
 SMALL = dict(num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=32)
 
 
@@ -179,19 +179,33 @@ def _assert_same(model, expected):
         )
 
 
+_REFERENCES = {}
+
+
+def _reference(family, backup_dir):
+    """`(model, make_data, initial, expected)`: `_built(family)` and the state
+    after its uninterrupted fit (backing up to `backup_dir`), fitted once per
+    family and kept for the tests that resume it; the model is left in its
+    `initial` state."""
+    model, make_data, initial = _built(family)
+    if family not in _REFERENCES:
+        _fit(model, make_data, backup_dir)
+        assert int(model.optimizer.iterations) == EPOCHS * STEPS
+        _REFERENCES[family] = _state(model)
+        _set_state(model, initial)
+    return model, make_data, initial, _REFERENCES[family]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_resumed_fit_matches_uninterrupted(family, tmp_path):
-    model, make_data, initial = _built(family)
-    _fit(model, make_data, tmp_path / "reference")
-    expected = _state(model)
-    assert int(model.optimizer.iterations) == EPOCHS * STEPS
+    model, make_data, initial, expected = _reference(family, tmp_path / "reference")
 
-    # Interrupted after step 2 (mid-epoch), resumed and interrupted again
-    # after step 4 (one batch into the second epoch), resumed to the end.
-    for _ in range(2):
+    # Interrupted after step 1 (mid-epoch), resumed and interrupted again
+    # after step 3 (one batch into the second epoch), resumed to the end.
+    for at in (1, 2):
         _set_state(model, initial)  # nothing may survive but the backup
         with pytest.raises(RuntimeError, match="interrupted"):
-            _fit(model, make_data, tmp_path / "backup", Interrupt(2))
+            _fit(model, make_data, tmp_path / "backup", Interrupt(at))
     _set_state(model, initial)
     history = _fit(model, make_data, tmp_path / "backup")
     assert history.epoch == [1]
@@ -281,13 +295,8 @@ def test_killed_process_resumes(tmp_path):
         child.wait()
     assert child.returncode == -signal.SIGKILL
 
-    keras.utils.set_random_seed(0)
-    model, make_data = _gpt(np.random.default_rng(0))
-    _compile(model)
-    initial = _state(model)
-    _fit(model, make_data, tmp_path / "reference")
-    expected = _state(model)
-    _set_state(model, initial)
+    # Resumed here, by the model and reference run of the tests above.
+    model, make_data, _, expected = _reference("gpt2", tmp_path / "reference")
     history = _fit(model, make_data, backup)
     assert history.epoch == [1]
     _assert_same(model, expected)
