@@ -43,6 +43,7 @@ import time  # noqa: E402
 
 import _common  # noqa: E402
 import _generate  # noqa: E402
+import _machine  # noqa: E402
 import _processes  # noqa: E402
 import _report  # noqa: E402
 import _rows  # noqa: E402
@@ -72,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--torch-threads",
         type=int,
-        default=_common.all_cores(),
+        default=_machine.all_cores(),
         help=_common.TORCH_THREADS_HELP,
     )
     p.add_argument("--peak-size", type=int, help="matmul size of the peak measurement")
@@ -335,7 +336,7 @@ def main(argv=None):
 
         args.retain_memory = retain_freed_memory()
     env = start(args)
-    meta = _common.run_meta(env.backend, env.torch, None, args, argv)
+    meta = _machine.run_meta(env.backend, env.torch, None, args, argv)
     meta.update(
         rows=[r.name for r in args.rows],
         contenders=args.contenders,
@@ -348,7 +349,7 @@ def main(argv=None):
     )
     for key in ("sizes",):
         meta.pop(key, None)
-    _common.print_meta({**meta, "sizes": "rows " + ",".join(meta["rows"])})
+    _machine.print_meta({**meta, "sizes": "rows " + ",".join(meta["rows"])})
     print(f"dtype={args.dtype}  contenders={','.join(args.contenders)}", flush=True)
     t0 = time.perf_counter()
     peak = matmul_peak(env, args.peak_size or (1024 if args.quick else None))
@@ -375,7 +376,7 @@ def main(argv=None):
     else:
         results = {row.name: bench_row(row, args, env, peak) for row in args.rows}
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
-    meta["load_end"] = _common.load()
+    meta["load_end"] = _machine.load()
     _report.table(results, args)
     print(
         f"wall time {meta['wall_s']}s; load average at start {meta['load_start']}, "

@@ -51,7 +51,8 @@ from collections import Counter
 
 import _rows
 import numpy as np
-from _common import all_cores, fmt, print_table, setup_torch, timed
+from _common import fmt, print_table, setup_torch, timed
+from _machine import all_cores
 
 
 def products(row, cfg):

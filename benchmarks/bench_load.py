@@ -60,7 +60,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import cpu_model, git_revision, load, print_table, versions
+from _common import print_table
+from _machine import cpu_model, git_revision, load, versions
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "keras_transformers" / "checkpoints"

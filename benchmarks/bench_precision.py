@@ -55,17 +55,15 @@ import numpy as np
 from _common import (
     TORCH_THREADS_HELP,
     KerasContender,
-    all_cores,
     finish,
     fmt,
     keras_loss,
     keras_optimizer,
-    print_meta,
     print_table,
     record_train,
-    run_meta,
     setup_torch,
 )
+from _machine import all_cores, print_meta, run_meta
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 LAYOUTS = {
