@@ -6,14 +6,16 @@ full forward; greedy decoding (ids and text, through a byte-level BPE
 through `BartForConditionalGeneration` / `BartModel`; errors name the
 problem."""
 
+import functools
 import json
 import shutil
+import types
 import warnings
 
 import keras
 import numpy as np
 import pytest
-from contracts import edited_hf_dir, randomize_weights
+from contracts import compiled_cached_call, edited_hf_dir, randomize_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -21,6 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
 from hf_parity import (  # noqa: E402
+    our_outputs,
     randomize,
     record,
     reference,
@@ -167,7 +170,9 @@ def _inputs():
 
 
 def _ours(model):
-    return keras.ops.convert_to_numpy(model(_inputs()))
+    """`model`'s output on `_batch()`; on JAX one compiled forward pass per
+    architecture (`hf_parity.our_outputs`), shared by the copies loaded."""
+    return our_outputs(model, _inputs())
 
 
 @pytest.mark.parametrize("kind", ["lm", "untied"])
@@ -224,6 +229,20 @@ def test_hidden_states_match(hf_dirs, recwarn):
     record("BartModel as LM logits", _ours(lm), expected, target_mask)
 
 
+def _cached_step(lm, source_mask):
+    """`step(ids, cache, index)`: `lm.call_with_cache(ids, cache, index,
+    source_mask)`; on JAX one compiled program for every position
+    (`contracts.compiled_cached_call`: eager JAX compiles each op again at
+    each new position)."""
+    step = types.SimpleNamespace(
+        variables=lm.variables,
+        call_with_cache=functools.partial(
+            lm.call_with_cache, encoder_padding_mask=source_mask
+        ),
+    )
+    return compiled_cached_call(step)
+
+
 def test_cached_decoding_equals_full_forward(converted):
     lm, _ = converted("untied")
     source, source_mask, target, _ = _batch()
@@ -238,10 +257,11 @@ def test_cached_decoding_equals_full_forward(converted):
     )
     encoded = lm.backbone.encode(source, source_mask)
     cache = lm.backbone.init_cache(encoded, target.shape[1])
+    step = _cached_step(lm, source_mask)
     for i in range(target.shape[1]):
-        logits, cache = lm.call_with_cache(target[:, i : i + 1], cache, i, source_mask)
-        step = keras.ops.convert_to_numpy(logits)[:, 0]
-        np.testing.assert_allclose(step, full[:, i], atol=1e-4)
+        logits, cache = step(target[:, i : i + 1], cache, i)
+        got = keras.ops.convert_to_numpy(logits)[:, 0]
+        np.testing.assert_allclose(got, full[:, i], atol=1e-4)
 
 
 def _hf_generate(path, ids, **kwargs):

@@ -6,13 +6,15 @@ relative position buckets; cached decoding and greedy generation (text
 through a Unigram `tokenizer.json`) match; export round-trips through
 `T5ForConditionalGeneration` / `T5Model`; errors name the problem."""
 
+import functools
 import json
 import shutil
+import types
 
 import keras
 import numpy as np
 import pytest
-from contracts import edited_hf_dir, randomize_weights
+from contracts import compiled_cached_call, edited_hf_dir, randomize_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,6 +22,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 from hf_parity import (  # noqa: E402
+    our_outputs,
     randomize,
     record,
     reference,
@@ -135,6 +138,8 @@ def _hf(path, cls):
 
 
 def _ours(model):
+    """`model`'s output on `_batch()`; on JAX one compiled forward pass per
+    architecture (`hf_parity.our_outputs`), shared by the copies loaded."""
     source, source_mask, target, target_mask = _batch()
     inputs = {
         "encoder_token_ids": source,
@@ -142,7 +147,7 @@ def _ours(model):
         "decoder_token_ids": target,
         "decoder_padding_mask": target_mask,
     }
-    return keras.ops.convert_to_numpy(model(inputs))
+    return our_outputs(model, inputs)
 
 
 def _encoded(model):
@@ -207,6 +212,20 @@ def test_missing_lm_head_is_tied(hf_dirs, tmp_path):
     record("T5 v1.1 without lm_head", _ours(lm), expected, _batch()[3])
 
 
+def _cached_step(lm, source_mask):
+    """`step(ids, cache, index)`: `lm.call_with_cache(ids, cache, index,
+    source_mask)`; on JAX one compiled program for every position
+    (`contracts.compiled_cached_call`: eager JAX compiles each op again at
+    each new position)."""
+    step = types.SimpleNamespace(
+        variables=lm.variables,
+        call_with_cache=functools.partial(
+            lm.call_with_cache, encoder_padding_mask=source_mask
+        ),
+    )
+    return compiled_cached_call(step)
+
+
 @pytest.mark.parametrize("kind", ["v1.0", "v1.1"])
 def test_cached_decoding_equals_full_forward(lms, kind):
     lm = lms[kind]
@@ -218,10 +237,11 @@ def test_cached_decoding_equals_full_forward(lms, kind):
     }
     full = keras.ops.convert_to_numpy(lm(inputs))
     cache = lm.backbone.init_cache(lm.backbone.encode(source, source_mask), 24)
+    step = _cached_step(lm, source_mask)
     for i in range(target.shape[1]):
-        logits, cache = lm.call_with_cache(target[:, i : i + 1], cache, i, source_mask)
-        step = keras.ops.convert_to_numpy(logits)[:, 0]
-        np.testing.assert_allclose(step, full[:, i], atol=1e-4)
+        logits, cache = step(target[:, i : i + 1], cache, i)
+        got = keras.ops.convert_to_numpy(logits)[:, 0]
+        np.testing.assert_allclose(got, full[:, i], atol=1e-4)
 
 
 def _hf_generate(path, ids, **kwargs):
