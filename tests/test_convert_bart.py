@@ -169,9 +169,7 @@ def _inputs():
     }
 
 
-def _ours(model):
-    """`model`'s output on `_batch()`; on JAX one compiled forward pass per
-    architecture (`hf_parity.our_outputs`), shared by the copies loaded."""
+def _ours(model):  # on JAX one compiled program per architecture
     return our_outputs(model, _inputs())
 
 
@@ -229,20 +227,6 @@ def test_hidden_states_match(hf_dirs, recwarn):
     record("BartModel as LM logits", _ours(lm), expected, target_mask)
 
 
-def _cached_step(lm, source_mask):
-    """`step(ids, cache, index)`: `lm.call_with_cache(ids, cache, index,
-    source_mask)`; on JAX one compiled program for every position
-    (`contracts.compiled_cached_call`: eager JAX compiles each op again at
-    each new position)."""
-    step = types.SimpleNamespace(
-        variables=lm.variables,
-        call_with_cache=functools.partial(
-            lm.call_with_cache, encoder_padding_mask=source_mask
-        ),
-    )
-    return compiled_cached_call(step)
-
-
 def test_cached_decoding_equals_full_forward(converted):
     lm, _ = converted("untied")
     source, source_mask, target, _ = _batch()
@@ -257,7 +241,10 @@ def test_cached_decoding_equals_full_forward(converted):
     )
     encoded = lm.backbone.encode(source, source_mask)
     cache = lm.backbone.init_cache(encoded, target.shape[1])
-    step = _cached_step(lm, source_mask)
+    # On JAX one compiled program for every position (a traced index).
+    call = functools.partial(lm.call_with_cache, encoder_padding_mask=source_mask)
+    step = types.SimpleNamespace(variables=lm.variables, call_with_cache=call)
+    step = compiled_cached_call(step)
     for i in range(target.shape[1]):
         logits, cache = step(target[:, i : i + 1], cache, i)
         got = keras.ops.convert_to_numpy(logits)[:, 0]
