@@ -88,24 +88,32 @@ def compiled_reading(fn, variables):
     return lambda *args: program([v.value for v in variables], *args)
 
 
-def compiled_cached_call(model, traced_index=True):
-    """`call(token_ids, cache, index)`: `model.call_with_cache`. On JAX one
-    compiled program per input shape whose position `index` (a Python int)
-    is a traced int32 scalar, as generation's loop passes it: every
+def compiled_cached_call(model, traced_index=True, **constants):
+    """`call(token_ids, cache, index)`: `model.call_with_cache(token_ids,
+    cache, index, **constants)` (`constants`: what every step passes on,
+    e.g. a seq2seq model's `encoder_padding_mask`). On JAX one compiled
+    program per input shape whose position `index` (a Python int) is a
+    traced int32 scalar, as generation's loop passes it: every
     single-token step runs one program where eager JAX compiles each op
     again for each new position. `traced_index=False` keeps the position a
     Python int (a prefill at 0, as generation's prefill calls it)."""
     if keras.config.backend() != "jax":
-        return model.call_with_cache
+        return functools.partial(model.call_with_cache, **constants)
     import jax
 
     variables = model.variables
-    pure = stateless(model.call_with_cache, variables)
-    program = jax.jit(pure, static_argnums=() if traced_index else (3,))
+
+    def step(token_ids, cache, index, constants):
+        return model.call_with_cache(token_ids, cache, index, **constants)
+
+    program = jax.jit(
+        stateless(step, variables), static_argnums=() if traced_index else (3,)
+    )
 
     def call(token_ids, cache, index):
         index = jax.numpy.asarray(index, "int32") if traced_index else int(index)
-        return program([v.value for v in variables], token_ids, cache, index)
+        values = [v.value for v in variables]
+        return program(values, token_ids, cache, index, constants)
 
     return call
 

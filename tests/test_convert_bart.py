@@ -6,10 +6,8 @@ full forward; greedy decoding (ids and text, through a byte-level BPE
 through `BartForConditionalGeneration` / `BartModel`; errors name the
 problem."""
 
-import functools
 import json
 import shutil
-import types
 import warnings
 
 import keras
@@ -242,9 +240,7 @@ def test_cached_decoding_equals_full_forward(converted):
     encoded = lm.backbone.encode(source, source_mask)
     cache = lm.backbone.init_cache(encoded, target.shape[1])
     # On JAX one compiled program for every position (a traced index).
-    call = functools.partial(lm.call_with_cache, encoder_padding_mask=source_mask)
-    step = types.SimpleNamespace(variables=lm.variables, call_with_cache=call)
-    step = compiled_cached_call(step)
+    step = compiled_cached_call(lm, encoder_padding_mask=source_mask)
     for i in range(target.shape[1]):
         logits, cache = step(target[:, i : i + 1], cache, i)
         got = keras.ops.convert_to_numpy(logits)[:, 0]

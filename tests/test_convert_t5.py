@@ -6,10 +6,8 @@ relative position buckets; cached decoding and greedy generation (text
 through a Unigram `tokenizer.json`) match; export round-trips through
 `T5ForConditionalGeneration` / `T5Model`; errors name the problem."""
 
-import functools
 import json
 import shutil
-import types
 
 import keras
 import numpy as np
@@ -212,20 +210,6 @@ def test_missing_lm_head_is_tied(hf_dirs, tmp_path):
     record("T5 v1.1 without lm_head", _ours(lm), expected, _batch()[3])
 
 
-def _cached_step(lm, source_mask):
-    """`step(ids, cache, index)`: `lm.call_with_cache(ids, cache, index,
-    source_mask)`; on JAX one compiled program for every position
-    (`contracts.compiled_cached_call`: eager JAX compiles each op again at
-    each new position)."""
-    step = types.SimpleNamespace(
-        variables=lm.variables,
-        call_with_cache=functools.partial(
-            lm.call_with_cache, encoder_padding_mask=source_mask
-        ),
-    )
-    return compiled_cached_call(step)
-
-
 @pytest.mark.parametrize("kind", ["v1.0", "v1.1"])
 def test_cached_decoding_equals_full_forward(lms, kind):
     lm = lms[kind]
@@ -237,7 +221,7 @@ def test_cached_decoding_equals_full_forward(lms, kind):
     }
     full = keras.ops.convert_to_numpy(lm(inputs))
     cache = lm.backbone.init_cache(lm.backbone.encode(source, source_mask), 24)
-    step = _cached_step(lm, source_mask)
+    step = compiled_cached_call(lm, encoder_padding_mask=source_mask)
     for i in range(target.shape[1]):
         logits, cache = step(target[:, i : i + 1], cache, i)
         got = keras.ops.convert_to_numpy(logits)[:, 0]

@@ -2,9 +2,7 @@
 choices, causality, padding on both sides, cached decoding, saving, fit and
 input errors."""
 
-import functools
 import math
-import types
 
 import keras
 import numpy as np
@@ -121,20 +119,6 @@ def test_target_padding_changes_no_real_position(lm, batch):
     assert_close(to_numpy(lm(padded))[1, :4], to_numpy(lm(changed))[1, :4])
 
 
-def _cached_step(lm, source_mask):
-    """`step(ids, cache, index)`: `lm.call_with_cache(ids, cache, index,
-    source_mask)`; on JAX one compiled program for every position
-    (`contracts.compiled_cached_call`: eager JAX compiles each op again at
-    each new position)."""
-    step = types.SimpleNamespace(
-        variables=lm.variables,
-        call_with_cache=functools.partial(
-            lm.call_with_cache, encoder_padding_mask=source_mask
-        ),
-    )
-    return compiled_cached_call(step)
-
-
 def test_cached_decoding_equals_full_forward(lm, batch):
     mask = batch["encoder_padding_mask"].copy()
     mask[1, 6:] = False
@@ -143,7 +127,7 @@ def test_cached_decoding_equals_full_forward(lm, batch):
     backbone = lm.backbone
     encoded = backbone.encode(batch["encoder_token_ids"], mask)
     cache = backbone.init_cache(encoded, 8)
-    steps, step = [], _cached_step(lm, mask)
+    steps, step = [], compiled_cached_call(lm, encoder_padding_mask=mask)
     for i in range(6):
         token = batch["decoder_token_ids"][:, i : i + 1]
         logits, cache = step(token, cache, i)
