@@ -122,7 +122,9 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def lm():
-    model = GPTCausalLM.from_preset("gpt_llama_tiny")
+    # One layer: chat() is logic around generate(); each of its settings
+    # compiles a decoding loop on JAX and TensorFlow.
+    model = GPTCausalLM.from_preset("gpt_llama_tiny", num_layers=1)
     model.tokenizer = ToyTokenizer(512, chat_template=TEMPLATE)
     return model
 
@@ -141,9 +143,10 @@ def test_chat_returns_the_reply_and_streams(lm, capsys):
         assert lm.chat(messages, max_new_tokens=8, stream=True) == reply
         assert capsys.readouterr().out == reply + "\n"
         assert lm.chat("hi, how are you?", max_new_tokens=8) == reply  # one string
+        # The next turn fits the same 32-position buffer: the same program.
         messages += [
             {"role": "assistant", "content": reply},
-            {"role": "user", "content": "and then?"},
+            {"role": "user", "content": "and?"},
         ]
         assert isinstance(lm.chat(messages, max_new_tokens=4), str)
     finally:
@@ -155,8 +158,11 @@ def test_chat_errors(lm):
     try:
         with pytest.raises(ValueError, match="no chat template.*chat_template"):
             lm.chat([{"role": "user", "content": "hi"}])
-        # An explicit template works without one on the tokenizer.
-        reply = lm.chat("hi", chat_template=TEMPLATE, max_new_tokens=2)
+        # An explicit template works without one on the tokenizer (no stop
+        # ids: the free run's compiled loop in the test above serves it).
+        reply = lm.chat(
+            "hi", chat_template=TEMPLATE, max_new_tokens=2, stop_token_ids=None
+        )
         assert isinstance(reply, str)
     finally:
         lm.tokenizer.chat_template = template

@@ -31,6 +31,17 @@ def lm(request):
     return kt.from_preset(request.param)
 
 
+@pytest.fixture(params=PRESETS, scope="module")
+def one_layer_lm(request):
+    """The family at one layer, for the generation tests that check the
+    loop's logic (stop tokens, streaming, samplers): each sampler and stop
+    setting compiles a loop of its own on JAX and TensorFlow, at half the
+    cost of two layers. `test_generate_greedy_matches_naive_loop_and_batches`
+    decodes the two-layer `lm`."""
+    keras.utils.set_random_seed(0)
+    return kt.from_preset(request.param, num_layers=1)
+
+
 def trainable_count(model):
     """Parameters as `num_params()` counts them (MoE layers also hold a few
     non-trainable router statistics)."""
@@ -153,7 +164,8 @@ def test_prefill_logits_choose_the_first_new_token(stream, monkeypatch):
         assert row[: len(expected)].tolist() == expected
 
 
-def test_generate_stop_tokens_and_streaming(lm):
+def test_generate_stop_tokens_and_streaming(one_layer_lm):
+    lm = one_layer_lm
     prompt = [[5, 6, 7]]
     free = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[0]
     stop = int(free[3])  # the first generated token
@@ -172,7 +184,8 @@ def test_generate_stop_tokens_and_streaming(lm):
     assert streamed == out[0, 3:].tolist()
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy(lm):
+def test_sampling_is_seeded_and_top_k_1_is_greedy(one_layer_lm):
+    lm = one_layer_lm  # its greedy loop is the stop-token test's free run
     prompt = [[5, 6, 7]]
     a = lm.generate(
         prompt, max_new_tokens=5, sampler="random", seed=3, stop_token_ids=None
