@@ -169,11 +169,13 @@ def test_generate_stop_tokens_and_streaming(one_layer_lm):
     prompt = [[5, 6, 7]]
     free = lm.generate(prompt, max_new_tokens=6, stop_token_ids=None)[0]
     stop = int(free[3])  # the first generated token
-    # A list and an array of the same ids: one compiled loop serves both.
+    programs = dict(lm._generate_functions)
     stopped = lm.generate(prompt, max_new_tokens=6, stop_token_ids=[stop, 0])[0]
     assert stopped.tolist() == free.tolist()[:4]
     as_array = lm.generate(prompt, max_new_tokens=6, stop_token_ids=np.array([stop, 0]))
     assert as_array[0].tolist() == stopped.tolist()
+    # The stop ids are an input of the compiled loop: the free run's serves all.
+    assert lm._generate_functions == programs
     streamed = []
     out = lm.generate(
         prompt,

@@ -340,11 +340,11 @@ def beam_search(
         (batch, spec.num_beams, length), model.config.pad_token_id, "int32"
     )
     sequences[:, :, 0] = start_token_id
+    # The stop ids size the search's candidate buffer: part of the program.
     fn = _compiled(
         model,
-        "beam_search",
+        ("beam_search", tuple(stop_ids)),
         spec,
-        tuple(stop_ids),
         lambda: _search_fn(model, spec, tuple(stop_ids)),
     )
     out = fn(

@@ -39,7 +39,11 @@ from keras_transformers.generation.loop import (
     decode_loop,
     initial_state,
 )
-from keras_transformers.generation.processors import LogitsSettings, initial_presence
+from keras_transformers.generation.processors import (
+    LogitsSettings,
+    initial_presence,
+    stop_mask,
+)
 from keras_transformers.generation.prompts import (  # noqa: F401 (re-exported)
     _check_ids,
     _check_rows,
@@ -104,11 +108,11 @@ def _covers_start(prefix, start):
     return prefix is None or prefix >= start
 
 
-def _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
+def _begin_fn(model, spec, pad_id, prefix, settings, first):
     """`begin(token_ids, seen, consts, start) -> state`: the prefill, then,
     where `first` (see `_covers_start`), position `start` chosen from the
     prefill's last logits (state and consts as in `_step_fn`)."""
-    choose = _choose_fn(model, spec, stop_ids, pad_id, settings)
+    choose = _choose_fn(model, spec, pad_id, settings)
 
     def begin(token_ids, seen, consts, start):
         cache, logits = _prefill(model, token_ids, prefix, start - 1 if first else None)
@@ -118,12 +122,14 @@ def _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
     return begin
 
 
-def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
-    begin = _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first)
-    step = _decode_step(model, spec, stop_ids, pad_id, settings)
+def _loop_fn(model, spec, pad_id, prefix, settings, first):
+    begin = _begin_fn(model, spec, pad_id, prefix, settings, first)
+    step = _decode_step(model, spec, pad_id, settings)
 
-    def run(token_ids, seen, prompt_mask, limits, min_limits, uniforms, start, end):
-        consts = (prompt_mask, limits, min_limits, uniforms)
+    def run(
+        token_ids, seen, prompt_mask, limits, min_limits, uniforms, stop, start, end
+    ):
+        consts = (prompt_mask, limits, min_limits, uniforms, stop)
         state = begin(token_ids, seen, consts, start)
         state = decode_loop(step, state, consts, end)
         return state[1], state[4]
@@ -131,8 +137,8 @@ def _loop_fn(model, spec, stop_ids, pad_id, prefix, settings, first):
     return run
 
 
-def _chunk_fn(model, spec, stop_ids, pad_id, settings):
-    step = _decode_step(model, spec, stop_ids, pad_id, settings)
+def _chunk_fn(model, spec, pad_id, settings):
+    step = _decode_step(model, spec, pad_id, settings)
 
     def run(state, consts, end):
         return decode_loop(step, state, consts, end)
@@ -188,7 +194,8 @@ def generate(
         stop_token_ids: ids that end a row ("auto": the generation config's
             `eos_token_id`, an int or a list, else the model config's or the
             tokenizer's end token; None: never stop early). The stop token is
-            kept in the output.
+            kept in the output. The ids are an input of the compiled loop:
+            other stop ids compile nothing new.
         seed: seed of the random samplers (same tokens on every backend).
         stream: optional callable `stream(tokens)` called after every step
             with a `[B]` int array of the new tokens (-1 where a row produced
@@ -243,12 +250,12 @@ def generate(
     min_limits = (lengths + settings.min_new_tokens).astype("int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
     seen = initial_presence(token_ids, prompt_mask, config.vocabulary_size, settings)
-    stop_ids = _stop_ids(model, stop_token_ids)
+    stop = stop_mask(_stop_ids(model, stop_token_ids), config.vocabulary_size)
     shortest = int(lengths.min())
     prefix = _prefix_length(config, shortest, length)
     start = shortest if prefix is None else min(shortest, prefix + 1)
     first = _covers_start(prefix, start)
-    args = [token_ids, seen, prompt_mask, limits, min_limits, uniforms]
+    args = [token_ids, seen, prompt_mask, limits, min_limits, uniforms, stop]
     args = [ops.convert_to_tensor(a) for a in args]
     key = (spec, settings)
     checker = None
@@ -259,8 +266,7 @@ def generate(
             model,
             ("loop", prefix, first),
             key,
-            stop_ids,
-            lambda: _loop_fn(model, spec, stop_ids, pad_id, prefix, settings, first),
+            lambda: _loop_fn(model, spec, pad_id, prefix, settings, first),
         )
         out_ids, generated = fn(
             *args, _loop_index(model, start), backend.loop_index(total)
@@ -271,7 +277,6 @@ def generate(
         out_ids, generated = _chunked(
             model,
             (spec, settings),
-            stop_ids,
             args,
             (start, total),
             (prefix, first),
@@ -281,7 +286,7 @@ def generate(
     return _finish(model, out_ids, generated, prompt_mask, was_text, single, checker)
 
 
-def _chunked(model, key, stop_ids, args, span, prefill, callback, checker):
+def _chunked(model, key, args, span, prefill, callback, checker):
     """Runs the loop a chunk of positions at a time (one when streaming):
     between chunks, new tokens go to `callback` and `checker` (stop
     strings) marks rows done. `prefill` is `(prefix, first)` (see
@@ -295,15 +300,10 @@ def _chunked(model, key, stop_ids, args, span, prefill, callback, checker):
         model,
         ("begin", prefix, first),
         key,
-        stop_ids,
-        lambda: _begin_fn(model, spec, stop_ids, pad_id, prefix, settings, first),
+        lambda: _begin_fn(model, spec, pad_id, prefix, settings, first),
     )
     chunk = _compiled(
-        model,
-        "chunk",
-        key,
-        stop_ids,
-        lambda: _chunk_fn(model, spec, stop_ids, pad_id, settings),
+        model, "chunk", key, lambda: _chunk_fn(model, spec, pad_id, settings)
     )
 
     def report(state, written):

@@ -5,11 +5,12 @@ the logits processors and the sampler write the next position), and the
 
 State: `(index, token_ids [B, L], cache, done [B], generated [B, L],
 seen [B, V])`; constants: `(prompt_mask [B, L], limits [B], min_limits
-[B], uniforms [L, B])` (see `_step_fn`)."""
+[B], uniforms [L, B], stop [V])` (see `_step_fn`). The stop ids are an
+input (`stop [V]`, `processors.stop_mask`), not part of a program: one
+compiled loop serves every set of stop ids."""
 
 from __future__ import annotations
 
-import numpy as np
 from keras import ops
 
 from keras_transformers import backend
@@ -19,22 +20,22 @@ from keras_transformers.generation.processors import (
     LogitsSettings,
     force_token,
     process_logits,
-    stop_mask,
     update_presence,
 )
 from keras_transformers.generation.sampling import next_token
 
 
-def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
+def _step_fn(model, spec, pad_id, call=None, settings=None):
     """The loop body: produce position `index` for every row.
 
     `call(token_ids [B, 1], cache, cache_index) -> (logits [B, 1, V], cache)`
     is one cached decoding step (default: `model.call_with_cache`). The
     state is `(index, token_ids [B, L], cache, done [B], generated [B, L],
     seen [B, V])` (see `processors`); `consts` is `(prompt_mask [B, L],
-    limits [B], min_limits [B], uniforms [L, B])`."""
+    limits [B], min_limits [B], uniforms [L, B], stop [V])` (`stop`: True
+    at the ids that end a row)."""
     call = model.call_with_cache if call is None else call
-    choose = _choose_fn(model, spec, stop_ids, pad_id, settings)
+    choose = _choose_fn(model, spec, pad_id, settings)
 
     def step(state, consts):
         index, token_ids, cache, *rest = state
@@ -45,22 +46,18 @@ def _step_fn(model, spec, stop_ids, pad_id, call=None, settings=None):
     return step
 
 
-def _choose_fn(model, spec, stop_ids, pad_id, settings=None):
+def _choose_fn(model, spec, pad_id, settings=None):
     """`choose(logits [B, V], state, consts) -> state`: writes position
     `index` from the logits computed at `index - 1` (the logits
     processors, then the sampler; prompt tokens stay where a row's prompt
     is longer) and advances `index` (state and consts as in `_step_fn`)."""
     settings = LogitsSettings() if settings is None else settings
-    stop = (
-        None if not stop_ids else ops.convert_to_tensor(np.asarray(stop_ids, "int32"))
-    )
-    stop_vocab = stop_mask(stop_ids, model.config.vocabulary_size)
 
     def choose(logits, state, consts):
         index, token_ids, cache, done, generated, seen = state
-        prompt_mask, limits, min_limits, uniforms = consts
+        prompt_mask, limits, min_limits, uniforms, stop = consts
         logits = ops.cast(logits, "float32")  # [B, V]
-        logits = process_logits(logits, index, seen, min_limits, stop_vocab, settings)
+        logits = process_logits(logits, index, seen, min_limits, stop, settings)
         if settings.forced_eos_token_id is not None:  # the last position
             last = index + 1 >= limits
             logits = force_token(logits, last, settings.forced_eos_token_id)
@@ -73,10 +70,8 @@ def _choose_fn(model, spec, stop_ids, pad_id, settings=None):
         token_ids = backend.update_cache(token_ids, token[:, None], index)
         generated = backend.update_cache(generated, new[:, None], index)
         seen = update_presence(seen, token, new, settings)
-        finished = index + 1 >= limits
-        if stop is not None:
-            hit = ops.any(token[:, None] == stop[None, :], axis=-1)
-            finished = ops.logical_or(finished, ops.logical_and(new, hit))
+        hit = ops.logical_and(new, ops.take(stop, token, axis=0))  # [B]
+        finished = ops.logical_or(index + 1 >= limits, hit)
         done = ops.logical_or(
             done, ops.logical_and(finished, ops.logical_not(in_prompt))
         )
@@ -117,11 +112,11 @@ def decode_loop(step, state, consts, end):
     return backend.while_loop(cond, body, tuple(state))
 
 
-def _decode_step(model, spec, stop_ids, pad_id, settings):
+def _decode_step(model, spec, pad_id, settings):
     """`_step_fn`'s step, compiled on its own where the model decodes with a
     compiled step (PyTorch with `jit_compile=True`; its position is then a
     tensor, see `_loop_index`)."""
-    step = _step_fn(model, spec, stop_ids, pad_id, settings=settings)
+    step = _step_fn(model, spec, pad_id, settings=settings)
     return compile_step(step) if compiled_decoding(model) else step
 
 
@@ -133,10 +128,11 @@ def _loop_index(model, value):
     return backend.loop_index(value)
 
 
-def _compiled(model, kind, spec, stop_ids, make):
-    """Compiled functions are kept on the model, one per sampler setting."""
+def _compiled(model, kind, spec, make):
+    """Compiled functions are kept on the model, one per kind of loop and
+    sampler setting."""
     store = model.__dict__.setdefault("_generate_functions", {})
-    key = (kind, spec, stop_ids, compiled_decoding(model))
+    key = (kind, spec, compiled_decoding(model))
     if key not in store:
         policy = model.dtype_policy
         direct = policy.compute_dtype == policy.variable_dtype  # no autocasting

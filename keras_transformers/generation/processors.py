@@ -93,7 +93,7 @@ def process_logits(logits, index, seen, min_limits, stop_mask, settings):
         seen: `[B, V]` bool presence mask (ignored without a penalty).
         min_limits: `[B]` int32; the stop ids are masked while
             `index < min_limits` (the prompt length plus `min_new_tokens`).
-        stop_mask: `[V]` bool, True at the stop ids, or None.
+        stop_mask: `[V]` bool, True at the stop ids.
         settings: a `LogitsSettings`.
 
     Returns:
@@ -103,7 +103,7 @@ def process_logits(logits, index, seen, min_limits, stop_mask, settings):
     if settings.tracks_presence:
         penalised = ops.where(logits > 0, logits / penalty, logits * penalty)
         logits = ops.where(seen, penalised, logits)
-    if settings.min_new_tokens > 0 and stop_mask is not None:
+    if settings.min_new_tokens > 0:
         early = ops.expand_dims(index < min_limits, -1)  # [B, 1]
         masked = ops.logical_and(early, ops.expand_dims(stop_mask, 0))
         logits = ops.where(masked, float("-inf"), logits)
@@ -130,9 +130,9 @@ def update_presence(seen, token, new, settings):
 
 
 def stop_mask(stop_ids, vocabulary_size):
-    """`[V]` bool tensor, True at `stop_ids` (None when there are none)."""
-    if not stop_ids:
-        return None
+    """`[V]` bool NumPy array, True at `stop_ids` (all False when there are
+    none): an input of the compiled loops, so that every set of stop ids
+    runs the same program."""
     mask = np.zeros((vocabulary_size,), bool)
-    mask[[i for i in stop_ids if 0 <= i < vocabulary_size]] = True
-    return ops.convert_to_tensor(mask)
+    mask[[i for i in stop_ids or () if 0 <= i < vocabulary_size]] = True
+    return mask

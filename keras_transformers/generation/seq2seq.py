@@ -47,7 +47,11 @@ from keras_transformers.generation.loop import (
     decode_loop,
     initial_state,
 )
-from keras_transformers.generation.processors import LogitsSettings, initial_presence
+from keras_transformers.generation.processors import (
+    LogitsSettings,
+    initial_presence,
+    stop_mask,
+)
 
 DICT_KEYS = ("encoder_token_ids", "encoder_padding_mask")
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -76,7 +80,7 @@ def _source_rows(model, inputs):
     return rows, was_text, single
 
 
-def _greedy_fn(model, spec, stop_ids, pad_id, settings):
+def _greedy_fn(model, spec, pad_id, settings):
     """`(source_ids [B, S], source_mask [B, S], token_ids [B, L], ...) ->
     (token_ids [B, L], generated [B, L])`, the loop of `generate.py` fed by
     the encoder-decoder cache. The loop's cache is `(decoder cache,
@@ -88,7 +92,7 @@ def _greedy_fn(model, spec, stop_ids, pad_id, settings):
         logits, inner = model.call_with_cache(ids, inner, index, source_mask)
         return logits, (inner, source_mask)
 
-    step = _step_fn(model, spec, stop_ids, pad_id, call, settings)
+    step = _step_fn(model, spec, pad_id, call, settings)
     if compiled_decoding(model):
         step = compile_step(step)
 
@@ -324,15 +328,13 @@ def _greedy(
     min_limits = np.full((batch,), settings.min_new_tokens + 1, "int32")
     uniforms = np.random.default_rng(seed).random((length, batch), dtype=np.float32)
     seen = initial_presence(token_ids, prompt_mask, config.vocabulary_size, settings)
+    stop = stop_mask(stop_ids, config.vocabulary_size)
     fn = _compiled(
-        model,
-        "seq2seq",
-        key,
-        stop_ids,
-        lambda: _greedy_fn(model, spec, stop_ids, pad_id, settings),
+        model, "seq2seq", key, lambda: _greedy_fn(model, spec, pad_id, settings)
     )
     consts = tuple(
-        ops.convert_to_tensor(a) for a in (prompt_mask, limits, min_limits, uniforms)
+        ops.convert_to_tensor(a)
+        for a in (prompt_mask, limits, min_limits, uniforms, stop)
     )
     args = [
         ops.convert_to_tensor(a) for a in (source_ids, source_mask, token_ids, seen)
