@@ -112,7 +112,7 @@ def _begin_fn(model, spec, pad_id, prefix, settings, first):
     """`begin(token_ids, seen, consts, start) -> state`: the prefill, then,
     where `first` (see `_covers_start`), position `start` chosen from the
     prefill's last logits (state and consts as in `_step_fn`)."""
-    choose = _choose_fn(model, spec, pad_id, settings)
+    choose = _choose_fn(spec, pad_id, settings)
 
     def begin(token_ids, seen, consts, start):
         cache, logits = _prefill(model, token_ids, prefix, start - 1 if first else None)

@@ -35,7 +35,7 @@ def _step_fn(model, spec, pad_id, call=None, settings=None):
     limits [B], min_limits [B], uniforms [L, B], stop [V])` (`stop`: True
     at the ids that end a row)."""
     call = model.call_with_cache if call is None else call
-    choose = _choose_fn(model, spec, pad_id, settings)
+    choose = _choose_fn(spec, pad_id, settings)
 
     def step(state, consts):
         index, token_ids, cache, *rest = state
@@ -46,7 +46,7 @@ def _step_fn(model, spec, pad_id, call=None, settings=None):
     return step
 
 
-def _choose_fn(model, spec, pad_id, settings=None):
+def _choose_fn(spec, pad_id, settings=None):
     """`choose(logits [B, V], state, consts) -> state`: writes position
     `index` from the logits computed at `index - 1` (the logits
     processors, then the sampler; prompt tokens stay where a row's prompt
