@@ -32,6 +32,23 @@ def explicit_attention_faster(half: bool, one_query: bool, ungrouped_cpu: bool) 
     )
 
 
+def fused_attention_saves_memory(half: bool) -> bool:
+    """Whether the backend's fused attention keeps no `[T, S]` scores for
+    the backward pass: PyTorch's `scaled_dot_product_attention` (flash and
+    memory-efficient kernels, on CPU too), and on a JAX GPU in half
+    precision (cuDNN's flash attention, which Keras picks there). XLA's
+    own attention (JAX on CPU, or in float32) and TensorFlow's do keep
+    them: there long sequences take blockwise attention."""
+    name = keras.config.backend()
+    if name == "torch":
+        return True
+    if name != "jax" or not half:
+        return False
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
 def optimizer_updates_in_place() -> bool:
     """Whether the optimizers update variables with the fused in-place kernel
     of `backend.optimizer.adam_update` (PyTorch's `_foreach` ops)."""

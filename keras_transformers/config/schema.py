@@ -179,6 +179,9 @@ class TransformerConfig(_Group):
             tied table with `scale_logits` is drawn with std 1, as T5 does).
         remat: rematerialise each block in training: store its input only and
             recompute the rest in the backward pass (less memory, more compute).
+        attention_block_size: memory-efficient attention in blocks of this
+            many queries (see `MultiHeadAttention`'s `block_size`); 0: never;
+            None (default): automatic for long sequences.
         pad_token_id: id used to pad sequences.
         bos_token_id: id that starts a sequence (None if unused); for
             "encoder_decoder", the decoder start token.
@@ -263,6 +266,7 @@ class TransformerConfig(_Group):
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
     remat: bool = False
+    attention_block_size: int | None = None
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -289,6 +293,7 @@ class TransformerConfig(_Group):
                 f"a divisor of num_heads={self.num_heads}",
             )
         _check_int("head_dim", self.head_dim, 1, optional=True)
+        _check_int("attention_block_size", self.attention_block_size, 0, optional=True)
         if self.head_dim is None and self.hidden_dim % self.num_heads:
             _fail(
                 "num_heads",

@@ -88,10 +88,10 @@ class MultiHeadAttention(keras.layers.Layer):
             projection, with a bias as the query's), before the output
             projection (Qwen3-Next, Qwen3.5's gated attention).
         fused: use fused attention (`keras.ops.dot_product_attention`, or
-            torch's SDPA with native GQA). None (default) picks it unless
-            attention dropout is active, the backend would have to
-            repeat K/V heads (TensorFlow with GQA), or on JAX in float16 or
-            for a single query token (decoding).
+            torch's SDPA); None (default): where it is the faster (see
+            `keras_transformers.layers.attention_scores`).
+        block_size: memory-efficient attention in blocks of this many
+            queries (`blockwise_attention`); 0: never; None: by length.
         kernel_initializer: initializer of the projection kernels.
 
     Call arguments:
@@ -172,6 +172,7 @@ class MultiHeadAttention(keras.layers.Layer):
         sinks=False,
         output_gate=False,
         fused=None,
+        block_size=None,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
@@ -403,7 +404,10 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         if self.key_value_store is not None:
             shared_key_values.store(self.key_value_store, (k, v, mask, use_is_causal))
-        out = attend(self, q, k, v, mask, use_is_causal, training, attention_bias)
+        aligned = self_attention and cache is None and memory is None
+        out = attend(
+            self, q, k, v, mask, use_is_causal, training, attention_bias, aligned
+        )
         if self.gate_dense is not None:  # [B, T, N, H]
             gate = ops.sigmoid(call_layer(self.gate_dense, query))
             out = out * ops.cast(gate, out.dtype)
@@ -442,6 +446,5 @@ class MultiHeadAttention(keras.layers.Layer):
 
 
 def _sliceable(bias):
-    """A bias tensor with a key axis to cut to the filled cache (not a
-    callable, which sees the cut keys, nor a key-broadcast bias)."""
+    """A bias tensor with a key axis to cut (not a callable, not broadcast)."""
     return bias is not None and not callable(bias) and bias.shape[-1] != 1

@@ -1,6 +1,13 @@
 """The attention of `MultiHeadAttention` once queries, keys and values are
 projected: fused (`keras.ops.dot_product_attention`, or the backend's own
-kernel) or explicit (float32 scores and softmax), chosen per call.
+kernel), blockwise (memory-efficient, `blockwise_attention`) or explicit
+(float32 scores and softmax), chosen per call.
+
+Fused by default unless attention dropout is active, the backend would have
+to repeat K/V heads (TensorFlow with GQA), or on JAX in float16 or for a
+single query token (decoding), where explicit is the faster; blockwise by
+default for long sequences (`_block_size`) unless the fused kernel already
+keeps no `[T, S]` scores (PyTorch's).
 
 Shape letters as in `keras_transformers.layers.attention`.
 """
@@ -13,21 +20,35 @@ import keras
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend.choices import explicit_attention_faster
+from keras_transformers.backend.choices import (
+    explicit_attention_faster,
+    fused_attention_saves_memory,
+)
+from keras_transformers.layers.blockwise_attention import blockwise_attention
 from keras_transformers.layers.masks import attention_mask
 
+# Automatic blockwise attention: from `LONG_SEQUENCE` query positions (from
+# `LONG_CAUSAL` for causal self-attention, whose blocks skip the keys after
+# them), in blocks of `BLOCK_SIZE` (benchmarks/bench_attention.py).
+LONG_SEQUENCE = 1024
+LONG_CAUSAL = 512
+BLOCK_SIZE = 128
 
-def attend(layer, q, k, v, mask, is_causal, training, bias=None):
+
+def attend(layer, q, k, v, mask, is_causal, training, bias=None, aligned=False):
     """`[B, T, N, H]` attention outputs of `q [B, T, N, H]` over `k`, `v`
-    `[B, S, K, H]`, fused or explicit.
+    `[B, S, K, H]`: fused, blockwise or explicit.
 
     Args:
         layer: the `MultiHeadAttention` (its heads, scale, soft cap, sinks,
-            dropout and `fused` choice).
+            dropout, `fused` and `block_size` choices).
         mask: `[B|1, 1, T, S]` booleans (True: attend), or None.
         is_causal: a plain causal mask (no `mask`), for the fused kernels.
         training: dropout switch.
         bias: an additive `[B|1, N|1, T, S]` logits bias, or None.
+        aligned: queries and keys are the positions `0 .. T - 1` (self
+            attention without cache or memory): blockwise attention then
+            skips the keys the layer's causal mask or window hides.
     """
     scale = layer.attention_scale
     if scale is None:
@@ -43,6 +64,24 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None):
         fused = fused and not explicit_attention_faster(
             half, q.shape[1] == 1, not grouped and backend.xla_cpu()
         )
+    block = _block_size(layer, q, k, fused and bias is None, half, aligned)
+    block = 0 if dropout_active or bias is not None else block
+    if block:
+        if is_causal:
+            mask = attention_mask(q.shape[1], k.shape[1], causal=True)
+        return blockwise_attention(
+            q,
+            k,
+            v,
+            mask,
+            scale=scale,
+            softcap=layer.softcap,
+            sinks=ops.convert_to_tensor(layer.sink_logits) if layer.sinks else None,
+            causal=layer.causal,
+            window=layer.sliding_window,
+            aligned=aligned,
+            block_size=block,
+        )
     if fused and not dropout_active and bias is None:
         return backend.dot_product_attention(
             q, k, v, mask=mask, scale=scale, is_causal=is_causal
@@ -55,6 +94,25 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None):
             bias = ops.where(mask, bias, -1e9)
         return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
     return _grouped(layer, q, k, v, mask, is_causal, scale, training, bias)
+
+
+def _block_size(layer, q, k, fused, half, aligned):
+    """Query positions per block of blockwise attention, or 0 (not
+    blockwise): `layer.block_size` if set; by default `BLOCK_SIZE` from
+    `LONG_SEQUENCE` queries on (`LONG_CAUSAL` for aligned causal ones),
+    unless the backend's fused kernel already keeps no `[T, S]` scores
+    (PyTorch's `scaled_dot_product_attention`). Never for lengths only
+    known when the program runs."""
+    t, s = q.shape[1], k.shape[1]
+    size = layer.block_size
+    if size == 0 or t is None or s is None:
+        return 0
+    if size is None:
+        long = LONG_CAUSAL if aligned and layer.causal else LONG_SEQUENCE
+        if t < long or (fused and fused_attention_saves_memory(half)):
+            return 0
+        size = BLOCK_SIZE
+    return size if t > size else 0
 
 
 def _grouped(layer, q, k, v, mask, is_causal, scale, training, bias=None):

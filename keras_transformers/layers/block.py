@@ -73,6 +73,8 @@ class TransformerBlock(keras.layers.Layer):
             `MultiHeadAttention`'s `softcap`); None for none.
         attention_sinks: a learned sink logit per head in self-attention
             (see `MultiHeadAttention`'s `sinks`).
+        attention_block_size: `block_size` of both attentions (memory-
+            efficient attention; None: automatic, 0: never).
         attention_norm: False: no norm before the self-attention (pre-norm
             only; ModernBERT's first block, whose input is the embedding
             norm's output).
@@ -145,6 +147,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_scale=None,
         attention_softcap=None,
         attention_sinks=False,
+        attention_block_size=None,
         attention_norm=True,
         per_layer_input_dim=None,
         output_scale=False,
@@ -200,6 +203,7 @@ class TransformerBlock(keras.layers.Layer):
             norm_epsilon=self.norm_epsilon,
             dropout=self.attention_dropout,
             attention_scale=self.attention_scale,
+            block_size=self.attention_block_size,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
         )

@@ -115,6 +115,7 @@ def block_spec(
         attention_scale=config.resolved_attention_scale,
         attention_softcap=config.attention_softcap,
         attention_sinks=config.attention_sinks,
+        attention_block_size=config.attention_block_size,
         attention_norm=index > 0 or config.first_attention_norm,
         per_layer_input_dim=config.per_layer_input_dim if causal else None,
         output_scale=config.layer_output_scale,
@@ -142,6 +143,7 @@ _ATTENTION_ARGUMENT = dict(
     attention_dropout="dropout",
     attention_softcap="softcap",
     attention_sinks="sinks",
+    attention_block_size="block_size",
 )
 
 

@@ -1,0 +1,87 @@
+"""A function with a hand-written backward pass, on every backend.
+
+`keras.ops.custom_gradient` keeps whatever the forward closes over and, on
+PyTorch, swallows errors of the forward (its backward then returns NaN).
+`custom_vjp` states the residuals explicitly, as `jax.custom_vjp` does:
+only they are kept for the backward pass (`jax.custom_vjp`,
+`tf.custom_gradient`, a `torch.autograd.Function`).
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def custom_vjp(forward, backward):
+    """`f(*tensors)` computing `forward` with `backward` as its gradient.
+
+    Args:
+        forward: `forward(*tensors) -> (output, residuals)`, one output
+            tensor and a tuple of tensors kept for the backward pass.
+        backward: `backward(residuals, output_gradient) -> gradients`, one
+            per input tensor (None for an input without a gradient: a
+            boolean mask).
+
+    Returns:
+        A function of the same tensors returning `output`.
+
+    Examples:
+        >>> square = custom_vjp(lambda x: (x * x, (x,)), lambda r, g: (2 * r[0] * g,))
+        >>> float(square(keras.ops.convert_to_tensor(3.0)))
+        9.0
+    """
+    name = keras.config.backend()
+    if name == "jax":
+        return _jax(forward, backward)
+    if name == "tensorflow":
+        return _tensorflow(forward, backward)
+    if name == "torch":
+        return _torch(forward, backward)
+    raise NotImplementedError(f"custom_vjp: no backward pass for backend {name!r}")
+
+
+def _jax(forward, backward):
+    import jax
+
+    @jax.custom_vjp
+    def f(*tensors):
+        return forward(*tensors)[0]
+
+    def bwd(residuals, grad):
+        return tuple(backward(residuals, grad))
+
+    f.defvjp(forward, bwd)
+    return f
+
+
+def _tensorflow(forward, backward):
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def f(*tensors):
+        out, residuals = forward(*tensors)
+        return out, lambda grad: list(backward(residuals, grad))
+
+    # Variables read before the call: inside, `tf.custom_gradient` would
+    # want their gradients from `backward` separately.
+    return lambda *tensors: f(*(tf.convert_to_tensor(t) for t in tensors))
+
+
+def _torch(forward, backward):
+    import torch
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *tensors):
+            out, residuals = forward(*tensors)
+            # Saved, not stored on `ctx`: `out` held by its own node would
+            # be a reference cycle, freed only by the garbage collector.
+            ctx.save_for_backward(*residuals)
+            return out
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            return tuple(backward(ctx.saved_tensors, grad))
+
+    return Function.apply

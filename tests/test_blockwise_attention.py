@@ -1,0 +1,116 @@
+"""Blockwise (memory-efficient) attention gives explicit attention's outputs
+and gradients: causal, sliding windows, padding (rows with every key
+masked included), grouped K/V heads, soft-capping, sinks, encoders and
+cross-attention; and a model's training step is unchanged by the switch."""
+
+import keras
+import numpy as np
+import pytest
+from contracts import assert_close, gradients, to_numpy
+
+import keras_transformers as kt
+from keras_transformers.layers.attention import MultiHeadAttention
+
+B, T, D = 2, 11, 32
+CASES = {
+    "causal_gqa": dict(num_heads=4, num_kv_heads=2, causal=True),
+    "causal_mha_window": dict(num_heads=4, causal=True, sliding_window=4),
+    "padded_empty_rows": dict(num_heads=4, num_kv_heads=2, causal=True, padded=True),
+    "softcap": dict(num_heads=4, num_kv_heads=1, causal=True, softcap=5.0),
+    "sinks_padded": dict(num_heads=4, num_kv_heads=2, causal=True, sinks=True, padded=True),
+    "encoder_window": dict(num_heads=4, sliding_window=4, padded=True),
+    "cross_attention": dict(num_heads=4, num_kv_heads=2, cross=True, padded=True),
+}
+
+
+def _layers(options):
+    """An explicit layer and a blockwise one (blocks of 4) with its weights."""
+    options = dict(options)
+    options.pop("padded", None)
+    cross = options.pop("cross", False)
+    made = []
+    for block_size in (0, 4):
+        layer = MultiHeadAttention(
+            head_dim=8, fused=False, block_size=block_size, **options
+        )
+        layer.build((B, T, D), (B, T + 3, D) if cross else None)
+        made.append(layer)
+    rng = np.random.default_rng(0)
+    for variable in made[0].weights:
+        variable.assign(rng.normal(size=variable.shape).astype("float32") * 0.5)
+    for mine, theirs in zip(made[1].weights, made[0].weights):
+        mine.assign(theirs)
+    return made
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blockwise_equals_explicit(case):
+    options = CASES[case]
+    rng = np.random.default_rng(1)
+    query = rng.normal(size=(B, T, D)).astype("float32")
+    source = rng.normal(size=(B, T + 3, D)).astype("float32")
+    s = T + 3 if options.get("cross") else T
+    padding = np.ones((B, s), bool)
+    if options.get("padded"):  # left padding: the first queries see no key
+        padding[0, :3] = False
+        padding[1, -2:] = False
+    weights = rng.normal(size=(B, T, D)).astype("float32")
+    kwargs = {"key_padding_mask": padding} if options.get("padded") else {}
+    if options.get("cross"):
+        kwargs["key_value"] = source
+    results = []
+    for layer in _layers(options):
+
+        def loss(layer=layer):
+            return keras.ops.sum(layer(query, **kwargs) * keras.ops.array(weights))
+
+        out = to_numpy(layer(query, **kwargs))
+        results.append((out, gradients(loss, layer.trainable_weights)))
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert_close(out_b, out_a, atol=2e-5)
+    # Relative to the largest gradient: the key bias's is zero up to rounding.
+    scale = max(np.abs(g).max() for g in grads_a)
+    for grad_a, grad_b in zip(grads_a, grads_b):
+        assert_close(grad_b, grad_a, atol=1e-5 * scale)
+
+
+def test_long_sequences_choose_blockwise(monkeypatch):
+    """By default a long causal self-attention runs blockwise (its fused
+    kernel kept aside on PyTorch) and a short one does not."""
+    from keras_transformers.layers import attention_scores
+
+    calls = []
+    real = attention_scores.blockwise_attention
+    monkeypatch.setattr(
+        attention_scores,
+        "blockwise_attention",
+        lambda *a, **k: calls.append(k["block_size"]) or real(*a, **k),
+    )
+    monkeypatch.setattr(attention_scores, "LONG_CAUSAL", 16)
+    layer = MultiHeadAttention(num_heads=2, head_dim=4, causal=True, softcap=20.0)
+    layer(np.zeros((1, 8, 8), "float32"))
+    assert calls == []
+    layer(np.zeros((1, 160, 8), "float32"))
+    assert calls == [attention_scores.BLOCK_SIZE]
+
+
+def test_training_step_unchanged_by_blockwise():
+    """A decoder's loss and gradients with every attention blockwise (blocks
+    of 4 over 12 tokens) equal those with explicit attention."""
+    ids = np.random.default_rng(2).integers(3, 512, size=(2, 12))
+    padding = np.ones((2, 12), bool)
+    padding[1, 9:] = False
+    inputs = {"token_ids": ids, "padding_mask": padding}
+    results = []
+    for block_size in (0, 4):
+        keras.utils.set_random_seed(3)
+        model = kt.from_preset("gpt_llama_tiny", attention_block_size=block_size)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def loss(model=model):
+            return loss_fn(ids[:, 1:], model(inputs)[:, :-1])
+
+        results.append((to_numpy(loss()), gradients(loss, model.trainable_weights)))
+    assert_close(results[1][0], results[0][0], atol=1e-6)
+    for grad_a, grad_b in zip(results[0][1], results[1][1]):
+        assert_close(grad_b, grad_a, atol=2e-5)
