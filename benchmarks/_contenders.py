@@ -183,6 +183,18 @@ class OursDenseDispatch(Ours):
         super().__init__(row, dataclasses.replace(cfg, moe=moe), batch, env)
 
 
+class OursExplicit(Ours):
+    """Ours without memory-efficient attention or the chunked loss
+    (`attention_block_size=0`, `chunked_loss=False`): what they save."""
+
+    name = "ours_explicit"
+
+    def __init__(self, row, cfg, batch, env):
+        cfg = dataclasses.replace(cfg, attention_block_size=0)
+        super().__init__(row, cfg, batch, env)
+        self.model.chunked_loss = False
+
+
 class OursCompiled(Ours):
     """Ours compiled with `jit_compile=True`: `torch.compile` on PyTorch
     (eager is the Keras default there), XLA on TensorFlow (the CPU default
@@ -345,5 +357,14 @@ class HFCompiled(HF):
 
 
 CONTENDERS = {
-    c.name: c for c in (Ours, OursCompiled, OursDenseDispatch, KerasHub, HF, HFCompiled)
+    c.name: c
+    for c in (
+        Ours,
+        OursCompiled,
+        OursExplicit,
+        OursDenseDispatch,
+        KerasHub,
+        HF,
+        HFCompiled,
+    )
 }

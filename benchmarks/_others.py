@@ -184,6 +184,12 @@ def hf_model(row, cfg):
         attn_implementation="sdpa",
         **ids,
     )
+    if row.kind == "causal" and cfg.norm_position == "sandwich":  # Gemma 3
+        from keras_transformers.convert import gemma3
+
+        hf = {k: v for k, v in gemma3.hf_config(cfg).items() if k != "model_type"}
+        config = t.Gemma3TextConfig(**hf, attn_implementation="sdpa")
+        return t.Gemma3ForCausalLM(config)
     if row.kind == "causal":
         return t.LlamaForCausalLM(t.LlamaConfig(intermediate_size=f, **llama))
     if row.kind == "moe":

@@ -6,7 +6,8 @@ KerasHub and Hugging Face contenders translate the same resolved config into
 their own classes (``_contenders.py``). Sizes: "tiny" (the host-overhead
 check: small models whose GPU steps are launch-bound) and "published"
 (GPT-2 small, SmolLM2-135M, BERT-base, ViT-B/16, the 2017 base Transformer,
-T5-small, a Mixtral-layout MoE with SmolLM2's widths and its dense twin).
+T5-small, a Mixtral-layout MoE with SmolLM2's widths and its dense twin) and
+"long" (SmolLM2-135M and Gemma 3 270M at 2,048 and 4,096 tokens).
 """
 
 from __future__ import annotations
@@ -242,17 +243,51 @@ ROWS = [
         note="dense twin of moe_smollm2: one SwiGLU of 2 x 1536 (same active params)",
     ),
 ]
+# ---- long sequences: one sequence per step (chat and long-document tuning)
+SMOLLM2_LONG = {**SMOLLM2, "num_layers": 30, "tie_embeddings": True}
+for _tokens in (2048, 4096):
+    ROWS += [
+        Row(
+            f"smollm2_{_tokens // 1024}k",
+            "causal",
+            "long",
+            "gpt_llama_tiny",
+            {**SMOLLM2_LONG, "max_sequence_length": _tokens + 64},
+            1,
+            _tokens,
+            prompt=_tokens,
+            new_tokens=1,
+            note="SmolLM2-135M, one sequence; generation: prefill of the prompt",
+        ),
+        Row(
+            f"gemma3_270m_{_tokens // 1024}k",
+            "causal",
+            "long",
+            "gemma3_270m",
+            NO_DROPOUT,
+            1,
+            _tokens,
+            prompt=_tokens,
+            new_tokens=1,
+            note="Gemma 3 270M (262k vocabulary, sliding window 512), one sequence",
+        ),
+    ]
 BY_NAME = {r.name: r for r in ROWS}
 
 
 def select(names=None, size=None):
-    """Rows by name (a list, or "tiny" / "published" / "all")."""
+    """Rows by name (a list, or "tiny" / "published" / "long" / "all"; "all"
+    leaves the long rows out)."""
     if not names:
         names = [size or "published"]
     out = []
     for name in names:
-        if name in ("tiny", "published", "all"):
-            out += [r for r in ROWS if name in ("all", r.size)]
+        if name in ("tiny", "published", "long", "all"):
+            out += [
+                r
+                for r in ROWS
+                if name == r.size or (name == "all" and r.size != "long")
+            ]
         elif name in BY_NAME:
             out.append(BY_NAME[name])
         else:

@@ -6,9 +6,12 @@ Rows (``--rows``, see ``_rows.py``): "tiny" sizes (the host-overhead check)
 ``gpt2_tiny, llama_tiny, bert_tiny, vit_tiny, transformer_tiny, t5_tiny,
 moe_tiny, moe_tiny_dense`` and "published" sizes ``gpt2_small,
 smollm2_135m, bert_base, vit_b16, transformer_base, t5_small, moe_smollm2,
-moe_smollm2_dense``. Contenders (``--contenders``): ``ours``
+moe_smollm2_dense``; "long" (one sequence of 2,048 or 4,096 tokens,
+generation: the prompt's prefill) ``smollm2_2k, smollm2_4k,
+gemma3_270m_2k, gemma3_270m_4k``. Contenders (``--contenders``): ``ours``
 (keras_transformers on ``KERAS_BACKEND``), ``ours_compiled`` (the same
-with ``jit_compile=True``), ``ours_dense_dispatch`` (MoE rows: every expert
+with ``jit_compile=True``), ``ours_explicit`` (without memory-efficient
+attention and chunked loss), ``ours_dense_dispatch`` (MoE rows: every expert
 on every token), ``kerashub`` (same backend), ``hf`` (transformers in eager
 PyTorch, on CUDA when present), ``hf_compiled`` (its training forward
 through ``torch.compile``).
@@ -56,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--rows",
         default=None,
-        help="comma-separated rows, or tiny / published / all (default: published;"
+        help="comma-separated rows, or tiny / published / long / all (default: published;"
         " with --quick: tiny)",
     )
     p.add_argument("--contenders", default="ours,kerashub,hf")

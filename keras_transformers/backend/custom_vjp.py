@@ -48,6 +48,11 @@ def _jax(forward, backward):
         return forward(*tensors)[0]
 
     def bwd(residuals, grad):
+        # What `backward` recomputes from the residuals alone would
+        # otherwise be scheduled by XLA early, during the forward pass, and
+        # kept (every layer's attention scores at once): as `jax.checkpoint`
+        # does, the barrier ties the residuals to the incoming gradient.
+        residuals, grad = jax.lax.optimization_barrier((residuals, grad))
         return tuple(backward(residuals, grad))
 
     f.defvjp(forward, bwd)

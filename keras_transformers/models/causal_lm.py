@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from keras_transformers.backend import call_layer
 from keras_transformers.models.base import TaskModel
+from keras_transformers.training import head_loss
 from keras_transformers.training.router import RouterMetrics, moe_layers
 
 
@@ -29,7 +30,14 @@ class CausalLM(TaskModel):
     Returns:
         Logits `[B, T, vocabulary_size]` (float32 under mixed precision is
         left to the loss, which computes in float32).
+
+    In `fit()`, a `MaskedSparseCategoricalCrossentropy` loss is computed
+    chunk by chunk with the head (`keras_transformers.training.head_loss`):
+    the `[B, T, V]` logits never exist at once. `chunked_loss` decides:
+    None (default) where it pays, True whenever it applies, False never.
     """
+
+    chunked_loss = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -38,16 +46,31 @@ class CausalLM(TaskModel):
         self._router = RouterMetrics(layers) if layers else None
         self.router_metrics = self._router.metrics if layers else []
 
-    def compute_loss(self, *args, **kwargs):
-        """The compiled loss plus `add_loss` terms; also feeds the router
+    def make_train_function(self, force=False):
+        """Keras' train function, run in the state where `call` may return
+        hidden states for the chunked loss (`head_loss`)."""
+        super().make_train_function(force)  # Keras sets `train_function`
+        return head_loss.wrap_train_function(self, self.train_function)
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        """The compiled loss plus `add_loss` terms (chunked from hidden
+        states in a training step, see `head_loss`); also feeds the router
         statistics of MoE layers to their metrics."""
-        loss = super().compute_loss(*args, **kwargs)
+        if getattr(self, "_hidden_returned", False):
+            loss = head_loss.compute_loss(self, y, y_pred, sample_weight)
+        else:
+            loss = super().compute_loss(x, y, y_pred, sample_weight, training)
         if self._router is not None:
             self._router.update()
         return loss
 
     def call(self, inputs, training=None):
-        return self.backbone.logits(self.backbone(inputs, training=training))
+        hidden = self.backbone(inputs, training=training)
+        if head_loss.returns_hidden(self, hidden):
+            return hidden
+        return self.backbone.logits(hidden)
 
     def call_with_cache(self, token_ids, cache, cache_index):
         """One decoding step: `[B, T]` ids at `cache_index` -> logits
