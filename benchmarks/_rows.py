@@ -243,35 +243,30 @@ ROWS = [
         note="dense twin of moe_smollm2: one SwiGLU of 2 x 1536 (same active params)",
     ),
 ]
-# ---- long sequences: one sequence per step (chat and long-document tuning)
-SMOLLM2_LONG = {**SMOLLM2, "num_layers": 30, "tie_embeddings": True}
-for _tokens in (2048, 4096):
-    ROWS += [
-        Row(
-            f"smollm2_{_tokens // 1024}k",
-            "causal",
-            "long",
-            "gpt_llama_tiny",
-            {**SMOLLM2_LONG, "max_sequence_length": _tokens + 64},
-            1,
-            _tokens,
-            prompt=_tokens,
-            new_tokens=1,
-            note="SmolLM2-135M, one sequence; generation: prefill of the prompt",
-        ),
-        Row(
-            f"gemma3_270m_{_tokens // 1024}k",
-            "causal",
-            "long",
-            "gemma3_270m",
-            NO_DROPOUT,
-            1,
-            _tokens,
-            prompt=_tokens,
-            new_tokens=1,
-            note="Gemma 3 270M (262k vocabulary, sliding window 512), one sequence",
-        ),
-    ]
+# ---- long sequences: one sequence per step; generation: the prompt's prefill
+LONG = {  # name -> (preset, overrides)
+    "smollm2": (
+        "gpt_llama_tiny",
+        {**SMOLLM2, "num_layers": 30, "tie_embeddings": True},
+    ),
+    "gemma3_270m": ("gemma3_270m", NO_DROPOUT),  # 262k vocabulary, window 512
+}
+for _name, (_preset, _overrides) in LONG.items():
+    for _t in (2048, 4096):
+        _overrides = {**_overrides, "max_sequence_length": max(_t + 64, 32768)}
+        ROWS.append(
+            Row(
+                f"{_name}_{_t // 1024}k",
+                "causal",
+                "long",
+                _preset,
+                _overrides,
+                1,
+                _t,
+                prompt=_t,
+                new_tokens=1,
+            )  # fmt: skip
+        )
 BY_NAME = {r.name: r for r in ROWS}
 
 
