@@ -17,7 +17,9 @@ CASES = {
     "causal_mha_window": dict(num_heads=4, causal=True, sliding_window=4),
     "padded_empty_rows": dict(num_heads=4, num_kv_heads=2, causal=True, padded=True),
     "softcap": dict(num_heads=4, num_kv_heads=1, causal=True, softcap=5.0),
-    "sinks_padded": dict(num_heads=4, num_kv_heads=2, causal=True, sinks=True, padded=True),
+    "sinks_padded": dict(
+        num_heads=4, num_kv_heads=2, causal=True, sinks=True, padded=True
+    ),
     "encoder_window": dict(num_heads=4, sliding_window=4, padded=True),
     "cross_attention": dict(num_heads=4, num_kv_heads=2, cross=True, padded=True),
 }
@@ -102,10 +104,10 @@ def test_training_step_unchanged_by_blockwise():
     padding[1, 9:] = False
     inputs = {"token_ids": ids, "padding_mask": padding}
     results = []
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for block_size in (0, 4):
         keras.utils.set_random_seed(3)
         model = kt.from_preset("gpt_llama_tiny", attention_block_size=block_size)
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         def loss(model=model):
             return loss_fn(ids[:, 1:], model(inputs)[:, :-1])

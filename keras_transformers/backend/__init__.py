@@ -234,6 +234,21 @@ def torch_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def after(x, previous):
+    """`x`, computed only once `previous` is (a tensor). TensorFlow's graph
+    executor otherwise runs independent work as soon as its inputs exist:
+    every block of blockwise attention at once, with all their transients
+    (measured: 6 layers at 2,048 tokens, 4.6 GB unordered, 4.1 GB
+    ordered). Elsewhere `x` (JAX orders a program's work itself; PyTorch
+    runs eagerly in order)."""
+    if keras.config.backend() != "tensorflow":
+        return x
+    import tensorflow as tf
+
+    with tf.control_dependencies([previous]):
+        return tf.identity(x)
+
+
 def xla_cpu() -> bool:
     """Whether JAX computes on its CPU backend (XLA:CPU)."""
     if keras.config.backend() != "jax":

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
 
 MASKED = -1e9  # the masked score of the explicit path
@@ -185,6 +186,8 @@ def _forward(spec, *tensors):
     outs, lses = [], []
     for block in spec.blocks:
         qb, kb, vb, mb = _slices(spec, block, qg, k, v, mask)
+        if outs:  # one block at a time (`backend.after`)
+            qb = backend.after(qb, outs[-1])
         scores, _ = _scores(spec, qb, kb, mb)
         top = ops.max(scores, axis=-1, keepdims=True)
         if sink is not None:
@@ -222,7 +225,7 @@ def _backward(spec, residuals, grad):
     for block in spec.blocks:
         a, z, lo, hi = block
         qb, kb, vb, mb = _slices(spec, block, qg, k, v, mask)
-        db = dout[:, a:z]
+        qb, db = backend.after(qb, dk), dout[:, a:z]  # one block at a time
         lse_b, delta_b = lse[..., a:z, None], delta[..., a:z, None]
         scores, capped = _scores(spec, qb, kb, mb)
         p = ops.exp(scores - lse_b)
