@@ -53,6 +53,10 @@ import _rows  # noqa: E402
 from _common import Skip  # noqa: E402
 from _contenders import CONTENDERS, Env  # noqa: E402
 
+# As a user's script: the package is imported before any computation, so its
+# backend settings (XLA:CPU's scheduler on JAX) apply to every contender.
+import keras_transformers.backend  # noqa: E402, F401
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
