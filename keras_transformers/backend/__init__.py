@@ -16,8 +16,8 @@ import keras
 # XLA:CPU's concurrency-optimized scheduler orders independent work to run
 # it in parallel, and so keeps the transients of every layer's attention
 # blocks alive at once: measured on a 2-core CPU, a SmolLM2-135M training
-# step at 2,048 tokens took 30.5 s and 11.7 GB with it, 27.0 s and 9.0 GB
-# without (at 512 tokens: 4.52 s and 4.1 GB, 4.58 s and 3.8 GB). Set before
+# step at 2,048 tokens took 11.7 GB with it, 9.0 GB without, at the same
+# speed within noise (at 512 tokens: 4.1 GB and 3.8 GB). Set before
 # JAX starts its CPU client (the first computation), unless the user's
 # XLA_FLAGS already choose.
 _XLA_CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler"
