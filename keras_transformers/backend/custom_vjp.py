@@ -51,7 +51,9 @@ def _jax(forward, backward):
         # What `backward` recomputes from the residuals alone would
         # otherwise be scheduled by XLA early, during the forward pass, and
         # kept (every layer's attention scores at once): as `jax.checkpoint`
-        # does, the barrier ties the residuals to the incoming gradient.
+        # does, the barrier ties the residuals to the incoming gradient
+        # (blockwise attention at 2,048 tokens: 26 MB of XLA temporaries
+        # per layer with it, 91 MB without).
         residuals, grad = jax.lax.optimization_barrier((residuals, grad))
         return tuple(backward(residuals, grad))
 

@@ -30,6 +30,7 @@ from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
 
 MASKED = -1e9  # the masked score of the explicit path
+BLOCK_SIZE = 128  # query positions per block by default
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,19 @@ class _Spec:
         b, t, n, h = ops.shape(x)
         return ops.reshape(x, (b, t, n // self.groups, self.groups, h))
 
-    def score_layout(self, x, axes):
-        """A `[B|1, 1, T, S]` mask, `[N]` sinks (`axes="n"`) or `[B|1, T]`
-        rows (`axes="bt"`) shaped to broadcast against the scores or the
-        grouped heads."""
-        if axes == "n":  # sinks -> [1, N, 1, 1] or [1, K, G, 1, 1]
-            shape = (1, -1, self.groups, 1, 1) if self.groups > 1 else (1, -1, 1, 1)
-            return ops.reshape(ops.cast(x, "float32"), shape)
-        if axes == "bt":  # rows -> [B|1, T, 1, 1] or [B|1, T, 1, 1, 1]
-            return ops.reshape(x, tuple(ops.shape(x)) + (1,) * (len(self.heads) + 1))
-        return x if self.groups == 1 else x[:, :, None]  # masks
+    def masks(self, mask):
+        """A `[B|1, 1, Tb, Sb]` mask against the scores."""
+        return mask if self.groups == 1 else mask[:, :, None]
+
+    def sinks(self, sinks):
+        """`[N]` sink logits as `[1, N, 1, 1]` or `[1, K, G, 1, 1]`, float32."""
+        shape = (1, -1, self.groups, 1, 1) if self.groups > 1 else (1, -1, 1, 1)
+        return ops.reshape(ops.cast(sinks, "float32"), shape)
+
+    def rows(self, rows):
+        """`[B|1, T]` per-query values against the grouped heads
+        `[B, T, heads..., H]`."""
+        return ops.reshape(rows, tuple(ops.shape(rows)) + (1,) * (len(self.heads) + 1))
 
 
 def blockwise_attention(
@@ -87,7 +91,7 @@ def blockwise_attention(
     causal=False,
     window=None,
     aligned=False,
-    block_size=512,
+    block_size=BLOCK_SIZE,
 ):
     """`[B, T, N, H]` attention outputs of `q [B, T, N, H]` over `k`, `v`
     `[B, S, K, H]`, computed and differentiated block by block.
@@ -165,7 +169,7 @@ def _scores(spec, q, k, mask):
         capped = ops.tanh(scores / spec.softcap)
         scores = capped * spec.softcap
     if mask is not None:
-        scores = ops.where(spec.score_layout(mask, "mask"), scores, MASKED)
+        scores = ops.where(spec.masks(mask), scores, MASKED)
     return scores, capped
 
 
@@ -182,7 +186,7 @@ def _forward(spec, *tensors):
     q, k, v, mask, sinks = spec.unpack(tensors)
     h = spec.heads
     qg = spec.grouped(q)
-    sink = None if sinks is None else spec.score_layout(sinks, "n")
+    sink = None if sinks is None else spec.sinks(sinks)
     outs, lses = [], []
     for block in spec.blocks:
         qb, kb, vb, mb = _slices(spec, block, qg, k, v, mask)
@@ -202,7 +206,7 @@ def _forward(spec, *tensors):
     out = ops.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
     lse = ops.concatenate(lses, axis=-1) if len(lses) > 1 else lses[0]
     if spec.empty_rows:  # every key masked: uniform over all S keys
-        rows = spec.score_layout(ops.any(mask, axis=-1)[:, 0], "bt")
+        rows = spec.rows(ops.any(mask, axis=-1)[:, 0])
         uniform = ops.mean(v, axis=1, keepdims=True)  # [B, 1, K, H]
         if spec.groups > 1:
             uniform = uniform[:, :, :, None]
@@ -218,7 +222,7 @@ def _backward(spec, residuals, grad):
     f32 = lambda x: ops.cast(x, "float32")  # noqa: E731
     # D = rowsum(dO * O): the softmax backward's per-query term.
     delta = ops.einsum(f"bt{h}d,bt{h}d->b{h}t", f32(dout), f32(spec.grouped(out)))
-    sink = None if sinks is None else spec.score_layout(sinks, "n")
+    sink = None if sinks is None else spec.sinks(sinks)
     dk = ops.zeros(ops.shape(k), "float32")
     dv = ops.zeros(ops.shape(v), "float32")
     dqs, dsink = [], None
@@ -230,7 +234,7 @@ def _backward(spec, residuals, grad):
         scores, capped = _scores(spec, qb, kb, mb)
         p = ops.exp(scores - lse_b)
         if spec.empty_rows:  # a query with every key masked gets no key gradient
-            p = ops.where(spec.score_layout(mb, "mask"), p, 0.0)
+            p = ops.where(spec.masks(mb), p, 0.0)
         dv = _add_rows(
             dv, lo, ops.einsum(f"b{h}ts,bt{h}d->bs{kh}d", ops.cast(p, v.dtype), db)
         )
@@ -247,7 +251,7 @@ def _backward(spec, residuals, grad):
             dsink = term if dsink is None else dsink + term
     if spec.empty_rows:  # their uniform weights: dO / S on every value
         empty = f32(ops.logical_not(ops.any(mask, axis=-1)[:, 0]))  # [B|1, T]
-        empty = spec.score_layout(empty, "bt") * f32(dout) / ops.shape(v)[1]
+        empty = spec.rows(empty) * f32(dout) / ops.shape(v)[1]
         summed = ops.sum(empty, axis=1)  # [B, K, G, H] or [B, N, H]
         if spec.groups > 1:
             summed = ops.sum(summed, axis=2)

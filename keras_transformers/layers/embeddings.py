@@ -42,17 +42,21 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
             return self._project(inputs)
         return self._scaled(super().call(inputs, reverse=reverse), reverse)
 
+    def head_kernel(self):
+        """The LM head's matrix in the compute dtype and whether it is
+        `[V, D]` (the tied embedding table) rather than `[D, V]`."""
+        kernel = self.embeddings if self.tie_weights else self.reverse_embeddings
+        return ops.cast(kernel, self.compute_dtype), self.tie_weights
+
     def _project(self, hidden):
         """The LM head, `[B, T, D]` -> `[B, T, V]` logits in the compute dtype.
         Keras' `Embedding` does not autocast its variables, so its own reverse
         call would multiply in float32 (and return float32 logits) under a
         mixed policy; the loss upcasts the logits itself."""
-        dtype = self.compute_dtype
-        kernel = self.embeddings if self.tie_weights else self.reverse_embeddings
-        kernel = ops.cast(kernel, dtype)
-        if self.tie_weights:
+        kernel, transposed = self.head_kernel()
+        if transposed:
             kernel = ops.transpose(kernel)  # [V, D] -> [D, V]
-        hidden = ops.cast(hidden, dtype)
+        hidden = ops.cast(hidden, self.compute_dtype)
         logits = backend.linear(hidden, kernel, None, 1)
         if logits is None:
             logits = ops.matmul(hidden, kernel)

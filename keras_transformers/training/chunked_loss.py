@@ -152,6 +152,7 @@ def _forward(options, hidden, kernel, labels, weights, bias=None):
 
 def _backward(residuals, grad):
     """The forward's gradients times the scalar upstream gradient."""
-    d_hidden, d_kernel, d_bias = residuals
-    scaled = [None if g is None else g * ops.cast(grad, g.dtype) for g in residuals]
-    return scaled[:2] + [None, None] + ([scaled[2]] if d_bias is not None else [])
+    d_hidden, d_kernel, d_bias = (
+        None if g is None else g * ops.cast(grad, g.dtype) for g in residuals
+    )
+    return [d_hidden, d_kernel, None, None] + ([d_bias] if d_bias is not None else [])

@@ -112,16 +112,15 @@ def compute_loss(model, y, hidden, sample_weight):
     hidden = ops.cast(hidden, dtype)
     if config.scale_logits:
         hidden = hidden * config.hidden_dim**-0.5
-    tied = embedding.tie_weights
-    kernel = embedding.embeddings if tied else embedding.reverse_embeddings
+    kernel, transposed = embedding.head_kernel()
     bias = backbone.logits_bias
     total = chunked_cross_entropy(
         hidden,
-        ops.cast(kernel, dtype),
+        kernel,
         labels,
         weights,
         bias=None if bias is None else ops.cast(bias, "float32"),
-        transposed=tied,
+        transposed=transposed,
         softcap=config.logit_softcap,
         label_smoothing=loss.label_smoothing,
     )
