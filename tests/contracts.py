@@ -200,6 +200,25 @@ def assert_close(a, b, atol=1e-5, rtol=0.0):
     np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
 
 
+def assert_same_greedy(model, got, want, tie=1e-5):
+    """Greedy tokens `got` equal `want` (`[B, L]`, each row its prompt then
+    its new tokens) up to a near tie: where a row first differs, the
+    model's eager next-token logits for `want`'s prefix rank the two tokens
+    within `tie` (relative to the largest logit) -- a one-ulp difference
+    between two programs' float32 sums may pick either; the row's later
+    tokens then follow a different prefix and are not compared."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    for row in np.flatnonzero((got != want).any(axis=-1)):
+        p = int(np.flatnonzero(got[row] != want[row])[0])
+        logits = to_numpy(model(want[row : row + 1, :p]))[0, -1]
+        gap = abs(logits[want[row, p]] - logits[got[row, p]])
+        assert gap <= tie * np.abs(logits).max(), (
+            f"row {row} differs at {p}: {got[row]} vs {want[row]}, "
+            f"logit gap {gap} is not a near tie"
+        )
+
+
 def run_layer_test(layer_cls, init_kwargs, call_args, expected_shape, call_kwargs=None):
     """Builds and calls a layer, then checks: output shape, every constructor
     argument round-trips through `get_config()`, `from_config` rebuilds a

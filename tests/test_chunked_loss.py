@@ -99,8 +99,11 @@ def test_fit_unchanged_by_chunked_loss(preset, overrides):
     plain_loss, plain_weights = _fit(preset, False, **overrides)
     chunked_loss, chunked_weights = _fit(preset, True, **overrides)
     np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-6)
+    # Adam divides by the gradients' root mean square: the rows of rarely
+    # seen tokens' embeddings, whose gradients are tiny, carry float32
+    # summation-order differences into whole steps (seen up to 4e-6).
     for got, want in zip(chunked_weights, plain_weights):
-        assert_close(got, want, atol=2e-6)
+        assert_close(got, want, atol=1e-5)
 
 
 def test_chunked_loss_where_it_pays_and_errors(monkeypatch):

@@ -348,7 +348,8 @@ def test_proportional_rotary_frequencies():
     config = transformers.AutoConfig.for_model("gemma4_text", **COMMON, **TINY["all"])
     theirs, _ = ROPE_INIT_FUNCTIONS["proportional"](config, layer_type=F)
     ours, factor = rotary_frequencies(32, 500.0, TINY["all"]["rope_parameters"][F])
-    np.testing.assert_array_equal(ours, theirs.numpy())
+    # float32 powers may differ in the last place between CPUs' vector code
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=3e-7, atol=0)
     assert factor == 1.0 and (ours[8:] == 0).all() and (ours[:8] > 0).all()
 
 
