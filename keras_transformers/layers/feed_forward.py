@@ -12,6 +12,7 @@ from keras_transformers.layers.core import (
     RMSNormalization,
     seeded_dropout,
 )
+from keras_transformers.layers.gated_activation import gated_unit
 from keras_transformers.layers.serializable import serializable
 
 _ACTIVATIONS = {
@@ -70,6 +71,8 @@ class FeedForward(keras.layers.Layer):
         self.activation = activation
         self.activation_fn = activation_fn(activation)
         self.gated = gated
+        # `act(gate) * up` with a backward pass that keeps only gate and up
+        self._gated_unit = gated_unit(activation, self.activation_fn) if gated else None
         self.use_bias = use_bias
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -98,7 +101,10 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, x, training=None):
         hidden = call_layer(self.inner_dense, x)  # [B, T, F]
-        if self.gated:
+        if self.gated and training:  # keeps gate and up for the backward
+            gate = call_layer(self.gate_dense, x)
+            hidden = self._gated_unit(gate, hidden)
+        elif self.gated:
             hidden = self.activation_fn(call_layer(self.gate_dense, x)) * hidden
         else:
             hidden = self.activation_fn(hidden)
