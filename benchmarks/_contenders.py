@@ -195,6 +195,16 @@ class OursExplicit(Ours):
         self.model.chunked_loss = False
 
 
+class OursRemat(Ours):
+    """Ours with each block rematerialised in training (`remat=True`: only
+    block inputs kept, the block recomputed in the backward pass)."""
+
+    name = "ours_remat"
+
+    def __init__(self, row, cfg, batch, env):
+        super().__init__(row, dataclasses.replace(cfg, remat=True), batch, env)
+
+
 class OursCompiled(Ours):
     """Ours compiled with `jit_compile=True`: `torch.compile` on PyTorch
     (eager is the Keras default there), XLA on TensorFlow (the CPU default
@@ -362,6 +372,7 @@ CONTENDERS = {
         Ours,
         OursCompiled,
         OursExplicit,
+        OursRemat,
         OursDenseDispatch,
         KerasHub,
         HF,

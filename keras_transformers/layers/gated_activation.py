@@ -78,8 +78,9 @@ def gated_unit(name, act):
         >>> from keras import ops
         >>> unit = gated_unit("relu", ops.relu)
         >>> g = ops.convert_to_tensor([[-1.0, 2.0]])
-        >>> [round(float(v), 1) for v in ops.convert_to_numpy(unit(g, g))[0]]
-        [0.0, 4.0]
+        >>> out = unit(g, ops.ones_like(g))  # relu(gate) * 1
+        >>> [round(float(v), 1) for v in ops.convert_to_numpy(out)[0]]
+        [0.0, 2.0]
     """
     derivative = DERIVATIVES[name]
 
