@@ -101,11 +101,12 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, x, training=None):
         hidden = call_layer(self.inner_dense, x)  # [B, T, F]
-        if self.gated and training:  # keeps gate and up for the backward
+        if self.gated:
             gate = call_layer(self.gate_dense, x)
-            hidden = self._gated_unit(gate, hidden)
-        elif self.gated:
-            hidden = self.activation_fn(call_layer(self.gate_dense, x)) * hidden
+            if training:  # the same product, keeping only gate and up
+                hidden = self._gated_unit(gate, hidden)
+            else:
+                hidden = self.activation_fn(gate) * hidden
         else:
             hidden = self.activation_fn(hidden)
         if training and self.dropout > 0:

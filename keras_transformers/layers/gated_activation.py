@@ -5,10 +5,10 @@ Differentiated op by op, `act(gate) * up` keeps `gate`, `act(gate)`, `up`
 and the activation's own intermediates (SwiGLU on JAX: five `[B, T, F]`
 tensors); here the backward recomputes `act(gate)` and its derivative from
 `gate` (a SmolLM2 training step at 2,048 tokens on JAX: XLA temporaries
-186 -> 160 MB per layer). The
-forward is the same expression, so outputs are unchanged; gradients are
-the exact derivatives to float32 rounding (for the tanh GELU closer than
-automatic differentiation, whose `1 - tanh^2` cancels for large |x|).
+186 -> 160 MB per layer). The forward is the same expression, so outputs
+are unchanged; gradients are the exact derivatives to float32 rounding
+(for the tanh GELU closer than automatic differentiation, whose
+`1 - tanh^2` cancels for large |x|).
 """
 
 from __future__ import annotations
