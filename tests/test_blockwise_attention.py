@@ -14,6 +14,7 @@ from keras_transformers.layers.attention import MultiHeadAttention
 B, T, D = 2, 11, 32
 CASES = {
     "causal_gqa": dict(num_heads=4, num_kv_heads=2, causal=True),
+    "causal_mha": dict(num_heads=4, causal=True),
     "causal_mha_window": dict(num_heads=4, causal=True, sliding_window=4),
     "padded_empty_rows": dict(num_heads=4, num_kv_heads=2, causal=True, padded=True),
     "softcap": dict(num_heads=4, num_kv_heads=1, causal=True, softcap=5.0),
@@ -116,3 +117,45 @@ def test_training_step_unchanged_by_blockwise():
     assert_close(results[1][0], results[0][0], atol=1e-6)
     for grad_a, grad_b in zip(results[0][1], results[1][1]):
         assert_close(grad_b, grad_a, atol=2e-5)
+
+
+STRUCTURES = {
+    "causal": dict(causal=True),
+    "causal_window": dict(causal=True, window=4),
+    "encoder_window": dict(window=4),
+}
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
+def test_structure_from_positions_equals_its_mask(structure):
+    """Without a mask, aligned blocks build the causal or sliding-window
+    structure from positions: the same outputs and gradients as with the
+    explicit `[T, S]` mask (13 tokens in blocks of 4, the last one short)."""
+    from keras_transformers.layers.blockwise_attention import blockwise_attention
+    from keras_transformers.layers.masks import attention_mask
+
+    options = STRUCTURES[structure]
+    t, window = 13, options.get("window")
+    causal = options.get("causal", False)
+    rng = np.random.default_rng(4)
+    q, k, v = (
+        keras.Variable(rng.normal(size=(2, t, heads, 8)).astype("float32"))
+        for heads in (6, 2, 2)
+    )
+    weights = keras.ops.array(rng.normal(size=(2, t, 6, 8)).astype("float32"))
+    # An encoder's window reaches `window // 2` keys each way.
+    mask = attention_mask(t, t, causal=causal, sliding_window=window)
+    results = []
+    for given in (mask, None):
+
+        def loss(given=given):
+            out = blockwise_attention(
+                q, k, v, given, scale=0.3, block_size=4, aligned=True, **options
+            )
+            return keras.ops.sum(out * weights), out
+
+        results.append((to_numpy(loss()[1]), gradients(lambda: loss()[0], [q, k, v])))
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert_close(out_b, out_a, atol=1e-6)
+    for grad_a, grad_b in zip(grads_a, grads_b):
+        assert_close(grad_b, grad_a, atol=1e-5)

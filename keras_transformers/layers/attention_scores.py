@@ -75,7 +75,7 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None, aligned=False):
     if not dropout_active and bias is None:
         block = _block_size(layer, q, k, fused, half, aligned)
     if block:
-        if is_causal:
+        if is_causal and not aligned:  # aligned: each block's from positions
             mask = attention_mask(q.shape[1], k.shape[1], causal=True)
         return blockwise_attention(
             q,

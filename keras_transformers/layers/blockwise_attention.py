@@ -3,13 +3,24 @@
 Explicit attention keeps the float32 scores and probabilities `[B, N, T, S]`
 of every layer for the backward pass (2 x 151 MB per layer for 9 heads at
 2,048 tokens). Here the queries go through in blocks of `block_size`
-positions: each block's scores `[B, N, block, S']` exist only while the
-block is computed, and only the output and each query's log-sum-exp
-`[B, N, T]` are kept. The backward pass (a hand-written gradient,
-`backend.custom_vjp`) recomputes each block's scores from the queries and
-keys, as flash attention does. Keys a block cannot see (after it under a
-causal mask, outside a sliding window) are skipped, not masked: causal
-attention at T = S computes about half the scores of the explicit form.
+positions: each block's scores exist only while the block is computed, and
+only the output and each query's log-sum-exp `[B, N, T]` are kept. The
+backward pass (a hand-written gradient, `backend.custom_vjp`) recomputes
+each block's scores from the queries and keys, as flash attention does.
+Keys a block cannot see (after it under a causal mask, outside a sliding
+window) are skipped, not masked: causal attention at T = S computes about
+half the scores of the explicit form.
+
+Layout: the heads come first, once per call: queries `[B, K, T, G, H]`,
+keys and values `[B, K, S, H]`. A block's queries are the rows
+`[B, K, Tb * G, H]`, so every product is one batched matrix product per
+K/V head (grouped heads share their keys without repeating them). The
+softmax is normalised after the product with the values (`[Tb * G, H]`
+divisions, not `[Tb * G, Sb]`), and a causal or sliding-window structure
+without padding is built per block from positions, not sliced from a
+`[T, S]` mask. Measured on a 2-core CPU (JAX, SmolLM2's 9 / 3 heads of 64,
+2,048 causal tokens, forward and backward): 0.18 s, against 0.31 s with the
+heads-last layout.
 
 Same numbers as explicit attention (`attention_scores._grouped`), masks,
 grouped K/V heads, soft-capping and attention sinks included: masked scores
@@ -17,7 +28,8 @@ are -1e9 before the softmax, so a query whose keys are all masked attends
 uniformly to every key, as there. No attention dropout and no additive
 bias (those layers stay explicit).
 
-Shape letters as in `keras_transformers.layers.attention`.
+Shape letters as in `keras_transformers.layers.attention`; `M = Tb * G`
+rows of a block.
 """
 
 from __future__ import annotations
@@ -38,17 +50,15 @@ class _Spec:
     """The static description of one call: shapes, options, blocks."""
 
     scale: float
+    kv_heads: int  # K
     groups: int  # G = N // K
     softcap: float | None
     has_mask: bool
     has_sinks: bool
     empty_rows: bool  # the mask may mask every key of a query
+    causal: bool  # without a mask: the block's structure from positions
+    window: int | None
     blocks: tuple  # ((query start, stop, key start, stop), ...)
-
-    @property
-    def heads(self):
-        """Einsum letters of the head axes: "n", or "kg" when grouped."""
-        return "n" if self.groups == 1 else "kg"
 
     def unpack(self, tensors):
         """`(q, k, v, mask | None, sinks | None)` from the call's tensors."""
@@ -57,26 +67,21 @@ class _Spec:
         sinks = rest.pop(0) if self.has_sinks else None
         return q, k, v, mask, sinks
 
-    def grouped(self, x):
-        """`[B, T, N, H]` -> `[B, T, K, G, H]` when grouped."""
-        if self.groups == 1:
-            return x
+    def heads_first(self, x):
+        """`[B, T, N, H]` -> `[B, K, T, G, H]`."""
         b, t, n, h = ops.shape(x)
-        return ops.reshape(x, (b, t, n // self.groups, self.groups, h))
+        x = ops.reshape(x, (b, t, self.kv_heads, self.groups, h))
+        return ops.transpose(x, (0, 2, 1, 3, 4))
 
-    def masks(self, mask):
-        """A `[B|1, 1, Tb, Sb]` mask against the scores."""
-        return mask if self.groups == 1 else mask[:, :, None]
+    def heads_last(self, x):
+        """`[B, K, T, G, H]` -> `[B, T, N, H]`."""
+        b, k, t, g, h = ops.shape(x)
+        return ops.reshape(ops.transpose(x, (0, 2, 1, 3, 4)), (b, t, k * g, h))
 
     def sinks(self, sinks):
-        """`[N]` sink logits as `[1, N, 1, 1]` or `[1, K, G, 1, 1]`, float32."""
-        shape = (1, -1, self.groups, 1, 1) if self.groups > 1 else (1, -1, 1, 1)
+        """`[N]` sink logits as `[1, K, 1, G, 1]`, float32."""
+        shape = (1, self.kv_heads, 1, self.groups, 1)
         return ops.reshape(ops.cast(sinks, "float32"), shape)
-
-    def rows(self, rows):
-        """`[B|1, T]` per-query values against the grouped heads
-        `[B, T, heads..., H]`."""
-        return ops.reshape(rows, tuple(ops.shape(rows)) + (1,) * (len(self.heads) + 1))
 
 
 def blockwise_attention(
@@ -105,7 +110,7 @@ def blockwise_attention(
         causal, window: the layer's structure (a causal mask, a sliding
             window: causal, the `window` latest keys; otherwise the keys at
             most `window // 2` away). With `aligned`, blocks skip the keys
-            it masks; `mask` must mask them too.
+            it masks, and without a `mask` it is the mask.
         aligned: queries and keys share positions `0 .. T - 1` (self
             attention without a cache or memory).
         block_size: query positions per block.
@@ -119,6 +124,11 @@ def blockwise_attention(
         >>> out = blockwise_attention(q, kv, kv, scale=0.25, block_size=4)
         >>> tuple(out.shape)
         (1, 8, 4, 16)
+        >>> causal = blockwise_attention(
+        ...     q, kv, kv, scale=0.25, causal=True, aligned=True, block_size=4
+        ... )
+        >>> tuple(causal.shape)
+        (1, 8, 4, 16)
     """
     t, s = q.shape[1], k.shape[1]
     blocks = tuple(
@@ -129,13 +139,17 @@ def blockwise_attention(
         )
         for a in range(0, t, block_size)
     )
+    structural = aligned and mask is None and (causal or window is not None)
     spec = _Spec(
         scale=float(scale),
+        kv_heads=k.shape[2],
         groups=q.shape[2] // k.shape[2],
         softcap=softcap,
         has_mask=mask is not None,
         has_sinks=sinks is not None,
         empty_rows=mask is not None and sinks is None,
+        causal=structural and causal,
+        window=window if structural else None,
         blocks=blocks,
     )
     tensors = [
@@ -158,109 +172,141 @@ def _key_range(start, stop, length, causal, window, aligned):
     return max(0, start - window // 2), min(length, stop - 1 + window // 2 + 1)
 
 
-def _scores(spec, q, k, mask):
-    """Float32 scores `[B, heads..., Tb, Sb]` of a block, soft-capped and
-    masked, and the tanh of the soft cap (None without one)."""
-    h = spec.heads
-    scores = ops.cast(ops.einsum(f"bt{h}d,bs{h[0]}d->b{h}ts", q, k), "float32")
+def _block_mask(spec, block, mask):
+    """A block's mask against its scores `[B, K, Tb, G, Sb]`: the given
+    mask's `[B|1, 1, Tb, 1, Sb]` slice, the structure's from positions, or
+    None (every key visible)."""
+    a, z, lo, hi = block
+    if mask is not None:  # a query or key axis of size 1 broadcasts
+        mask = mask if mask.shape[2] == 1 else mask[:, :, a:z]
+        mask = mask if mask.shape[3] == 1 else mask[..., lo:hi]
+        return mask[:, :, :, None]
+    if not spec.causal and spec.window is None:
+        return None
+    query = ops.reshape(ops.arange(a, z), (z - a, 1, 1))
+    key = ops.reshape(ops.arange(lo, hi), (1, 1, hi - lo))
+    if spec.causal:
+        if spec.window is None and hi <= a + 1:
+            return None  # every key at or before every query
+        visible = key <= query
+        if spec.window is not None:
+            visible = ops.logical_and(visible, key > query - spec.window)
+        return visible
+    half = spec.window // 2
+    return ops.logical_and(key >= query - half, key <= query + half)
+
+
+def _scores(spec, block, qb, kb, mask):
+    """Float32 scores `[B, K, Tb, G, Sb]` of a block's rows `qb [B, K, M, H]`
+    over keys `kb [B, K, Sb, H]`, soft-capped and masked, and the tanh of
+    the soft cap (None without one)."""
+    a, z, lo, hi = block
+    b = ops.shape(qb)[0]
+    scores = ops.cast(ops.einsum("bkmd,bksd->bkms", qb, kb), "float32")
+    scores = ops.reshape(scores, (b, spec.kv_heads, z - a, spec.groups, hi - lo))
     scores = scores * spec.scale
     capped = None
     if spec.softcap is not None:
         capped = ops.tanh(scores / spec.softcap)
         scores = capped * spec.softcap
+    mask = _block_mask(spec, block, mask)
     if mask is not None:
-        scores = ops.where(spec.masks(mask), scores, MASKED)
+        scores = ops.where(mask, scores, MASKED)
     return scores, capped
 
 
-def _slices(spec, block, q, k, v, mask):
-    """One block's queries, keys, values and mask."""
+def _slices(spec, block, q, k, v):
+    """One block's query rows `[B, K, M, H]`, keys and values `[B, K, Sb,
+    H]` from `q [B, K, T, G, H]`, `k`, `v` `[B, K, S, H]`."""
     a, z, lo, hi = block
-    if mask is not None:  # a query or key axis of size 1 broadcasts
-        mask = mask if mask.shape[2] == 1 else mask[:, :, a:z]
-        mask = mask if mask.shape[3] == 1 else mask[..., lo:hi]
-    return q[:, a:z], k[:, lo:hi], v[:, lo:hi], mask
+    b, _, _, _, h = ops.shape(q)
+    rows = ops.reshape(q[:, :, a:z], (b, spec.kv_heads, (z - a) * spec.groups, h))
+    return rows, k[:, :, lo:hi], v[:, :, lo:hi]
+
+
+def _rows(spec, x):
+    """`[B, K, Tb, G, Sb]` -> `[B, K, M, Sb]`."""
+    b, k, t, g, s = ops.shape(x)
+    return ops.reshape(x, (b, k, t * g, s))
 
 
 def _forward(spec, *tensors):
     q, k, v, mask, sinks = spec.unpack(tensors)
-    h = spec.heads
-    qg = spec.grouped(q)
+    qh = spec.heads_first(q)
+    kh, vh = ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))
     sink = None if sinks is None else spec.sinks(sinks)
     outs, lses = [], []
     for block in spec.blocks:
-        qb, kb, vb, mb = _slices(spec, block, qg, k, v, mask)
+        qb, kb, vb = _slices(spec, block, qh, kh, vh)
         if outs:  # one block at a time (`backend.after`)
             qb = backend.after(qb, outs[-1])
-        scores, _ = _scores(spec, qb, kb, mb)
+        scores, _ = _scores(spec, block, qb, kb, mask)
         top = ops.max(scores, axis=-1, keepdims=True)
         if sink is not None:
             top = ops.maximum(top, sink)
         e = ops.exp(scores - top)
-        total = ops.sum(e, axis=-1, keepdims=True)
+        total = ops.sum(e, axis=-1, keepdims=True)  # [B, K, Tb, G, 1]
         if sink is not None:
             total = total + ops.exp(sink - top)
-        probs = ops.cast(e / total, v.dtype)
-        outs.append(ops.einsum(f"b{h}ts,bs{h[0]}d->bt{h}d", probs, vb))
-        lses.append(ops.squeeze(top + ops.log(total), -1))  # [B, heads..., Tb]
-    out = ops.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
-    lse = ops.concatenate(lses, axis=-1) if len(lses) > 1 else lses[0]
+        products = ops.einsum("bkms,bksd->bkmd", ops.cast(_rows(spec, e), v.dtype), vb)
+        products = ops.reshape(ops.cast(products, "float32"), ops.shape(e)[:-1] + (-1,))
+        outs.append(ops.cast(products / total, v.dtype))  # [B, K, Tb, G, H]
+        lses.append(ops.squeeze(top + ops.log(total), -1))  # [B, K, Tb, G]
+    out = ops.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
+    lse = ops.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]
+    out = spec.heads_last(out)
     if spec.empty_rows:  # every key masked: uniform over all S keys
-        rows = spec.rows(ops.any(mask, axis=-1)[:, 0])
+        rows = ops.any(mask, axis=-1)[:, 0, :, None, None]  # [B|1, T, 1, 1]
         uniform = ops.mean(v, axis=1, keepdims=True)  # [B, 1, K, H]
-        if spec.groups > 1:
-            uniform = uniform[:, :, :, None]
+        uniform = ops.repeat(uniform, spec.groups, axis=2)  # [B, 1, N, H]
         out = ops.where(rows, out, ops.cast(uniform, out.dtype))
-    out = ops.reshape(out, ops.shape(q))
     return out, (q, k, v, mask, sinks, out, lse)
 
 
 def _backward(spec, residuals, grad):
     q, k, v, mask, sinks, out, lse = residuals
-    h, kh = spec.heads, spec.heads[0]
-    qg, dout = spec.grouped(q), spec.grouped(grad)
     f32 = lambda x: ops.cast(x, "float32")  # noqa: E731
-    # D = rowsum(dO * O): the softmax backward's per-query term.
-    delta = ops.einsum(f"bt{h}d,bt{h}d->b{h}t", f32(dout), f32(spec.grouped(out)))
+    qh, dout = spec.heads_first(q), spec.heads_first(grad)
+    kh, vh = ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))
+    # D = rowsum(dO * O): the softmax backward's per-query term [B, K, T, G].
+    delta = ops.sum(f32(dout) * f32(spec.heads_first(out)), axis=-1)
     sink = None if sinks is None else spec.sinks(sinks)
-    dk = ops.zeros(ops.shape(k), "float32")
-    dv = ops.zeros(ops.shape(v), "float32")
+    dk = ops.zeros(ops.shape(kh), "float32")
+    dv = ops.zeros(ops.shape(vh), "float32")
     dqs, dsink = [], None
     for block in spec.blocks:
         a, z, lo, hi = block
-        qb, kb, vb, mb = _slices(spec, block, qg, k, v, mask)
-        qb, db = backend.after(qb, dk), dout[:, a:z]  # one block at a time
-        lse_b, delta_b = lse[..., a:z, None], delta[..., a:z, None]
-        scores, capped = _scores(spec, qb, kb, mb)
-        p = ops.exp(scores - lse_b)
+        qb, kb, vb = _slices(spec, block, qh, kh, vh)
+        qb = backend.after(qb, dk)  # one block at a time
+        db = _slices(spec, block, dout, kh, vh)[0]
+        scores, capped = _scores(spec, block, qb, kb, mask)
+        p = ops.exp(scores - lse[:, :, a:z, :, None])  # [B, K, Tb, G, Sb]
         if spec.empty_rows:  # a query with every key masked gets no key gradient
-            p = ops.where(spec.masks(mb), p, 0.0)
-        dv = _add_rows(
-            dv, lo, ops.einsum(f"b{h}ts,bt{h}d->bs{kh}d", ops.cast(p, v.dtype), db)
-        )
-        dp = f32(ops.einsum(f"bt{h}d,bs{kh}d->b{h}ts", db, vb))
-        ds = p * (dp - delta_b)
+            p = ops.where(_block_mask(spec, block, mask), p, 0.0)
+        pv = ops.cast(_rows(spec, p), v.dtype)
+        dv = _add_rows(dv, lo, ops.einsum("bkms,bkmd->bksd", pv, db))
+        dp = ops.reshape(f32(ops.einsum("bkmd,bksd->bkms", db, vb)), ops.shape(p))
+        ds = p * (dp - delta[:, :, a:z, :, None])
         if capped is not None:
             ds = ds * (1.0 - capped * capped)
-        ds = ops.cast(ds * spec.scale, q.dtype)
-        dqs.append(ops.einsum(f"b{h}ts,bs{kh}d->bt{h}d", ds, kb))
-        dk = _add_rows(dk, lo, ops.einsum(f"b{h}ts,bt{h}d->bs{kh}d", ds, qb))
+        ds = ops.cast(_rows(spec, ds * spec.scale), q.dtype)
+        dq = ops.einsum("bkms,bksd->bkmd", ds, kb)  # [B, K, M, H]
+        dqs.append(ops.reshape(dq, ops.shape(p)[:-1] + (-1,)))
+        dk = _add_rows(dk, lo, ops.einsum("bkms,bkmd->bksd", ds, qb))
         if sink is not None:  # d sink = -sum_t p_sink * D
-            term = -ops.exp(sink[..., 0] - lse[..., a:z]) * delta[..., a:z]
-            term = ops.sum(term, axis=(0, len(h) + 1))  # [heads...]
+            term = -ops.exp(sink[..., 0] - lse[:, :, a:z]) * delta[:, :, a:z]
+            term = ops.sum(term, axis=(0, 2))  # [K, G]
             dsink = term if dsink is None else dsink + term
     if spec.empty_rows:  # their uniform weights: dO / S on every value
         empty = f32(ops.logical_not(ops.any(mask, axis=-1)[:, 0]))  # [B|1, T]
-        empty = spec.rows(empty) * f32(dout) / ops.shape(v)[1]
-        summed = ops.sum(empty, axis=1)  # [B, K, G, H] or [B, N, H]
-        if spec.groups > 1:
-            summed = ops.sum(summed, axis=2)
-        dv = dv + summed[:, None]
-    dq = ops.concatenate(dqs, axis=1) if len(dqs) > 1 else dqs[0]
+        empty = empty[:, :, None, None, None] * f32(_dout_last(spec, grad))
+        summed = ops.sum(empty, axis=(1, 3)) / ops.shape(v)[1]  # [B, K, H]
+        dv = dv + summed[:, :, None]
+    dq = ops.concatenate(dqs, axis=2) if len(dqs) > 1 else dqs[0]
     grads = [
-        ops.reshape(dq, ops.shape(q)),
-        ops.cast(dk, k.dtype),
-        ops.cast(dv, v.dtype),
+        spec.heads_last(dq),
+        ops.cast(ops.transpose(dk, (0, 2, 1, 3)), k.dtype),
+        ops.cast(ops.transpose(dv, (0, 2, 1, 3)), v.dtype),
     ]
     if mask is not None:
         grads.append(None)
@@ -269,14 +315,21 @@ def _backward(spec, residuals, grad):
     return grads
 
 
+def _dout_last(spec, grad):
+    """`[B, T, N, H]` -> `[B, T, K, G, H]`."""
+    b, t, _, h = ops.shape(grad)
+    return ops.reshape(grad, (b, t, spec.kv_heads, spec.groups, h))
+
+
 def _add_rows(total, start, rows):
-    """`total [B, S, ...]` with `rows [B, Sb, ...]` added at `start`."""
-    stop = start + rows.shape[1]
-    if start == 0 and stop == total.shape[1]:
+    """`total [B, K, S, H]` with `rows [B, K, Sb, H]` added at `start`."""
+    stop = start + rows.shape[2]
+    if start == 0 and stop == total.shape[2]:
         return total + ops.cast(rows, total.dtype)
-    index = (0, start) + (0,) * (len(total.shape) - 2)
-    current = total[:, start:stop]
-    return ops.slice_update(total, index, current + ops.cast(rows, total.dtype))
+    current = total[:, :, start:stop]
+    return ops.slice_update(
+        total, (0, 0, start, 0), current + ops.cast(rows, total.dtype)
+    )
 
 
 __all__ = ["blockwise_attention"]
