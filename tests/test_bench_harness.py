@@ -194,3 +194,13 @@ def test_contender_processes_run_each_contender_in_its_own_process(tmp_path, bac
     assert 0 < row["ratios"]["train:ours/kerashub"]
     last_table = stdout[stdout.rindex("| contender |") :]
     assert "kerashub" in last_table and "kernel %" in last_table  # merged
+
+
+def test_attention_bench_times_default_and_blockwise(rows, capsys):
+    import bench_attention  # beside _rows, on the path the fixture set
+
+    bench_attention.main(["--lengths", "32", "--blocks", "8", "--no-torch"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    length, *times = line.split(" | ")
+    assert length == "32" and len(times) == 2
+    assert all(float(ms) > 0 for ms in times)

@@ -32,12 +32,15 @@ from keras_transformers.layers.masks import attention_mask
 
 # Automatic blockwise attention: from `LONG_SEQUENCE` query positions (from
 # `LONG_CAUSAL` for causal self-attention, whose blocks skip the keys after
-# them), in blocks of `BLOCK_SIZE`. Measured on a 2-core CPU, one SmolLM2
-# layer's attention forward and backward (9 / 3 heads of 64): causal at 512
-# tokens, JAX 52.7 ms fused, 23.0 ms blockwise; at 2,048, JAX 1,064 / 428
-# ms, TensorFlow 600 / 241 ms (blocks of 128 the fastest of 64-1,024);
-# ungrouped heads without a causal mask at 512, JAX 51 ms fused, 64 ms
-# blockwise, at 1,024, 261 / 226 ms.
+# them), in blocks of `BLOCK_SIZE`. Measured on a 2-core CPU (2026-12-03,
+# `benchmarks/bench_attention.py`), one SmolLM2 layer's attention forward
+# and backward (projections included; 9 / 3 heads of 64), causal, default
+# path / blockwise in blocks of 128: at 256 tokens JAX 11.6 / 9.4 ms,
+# TensorFlow 11.3 / 12.6 ms; at 512, JAX 43.3 / 21.8 ms, TensorFlow 24.4 /
+# 27.9 ms (32.7 / 25.1 in another run); at 2,048, JAX 811 / 242 ms,
+# TensorFlow 261 / 216 ms (blocks of 64 within 10%). Ungrouped heads without
+# a causal mask (an earlier layout of the blocks): at 512, JAX 51 ms fused,
+# 64 ms blockwise, at 1,024, 261 / 226 ms.
 LONG_SEQUENCE = 1024
 LONG_CAUSAL = 512
 
