@@ -46,6 +46,21 @@ def _layers(options):
     return made
 
 
+def _record_blockwise(monkeypatch, argument):
+    """The list that each call of `blockwise_attention` from attention
+    layers appends its keyword `argument` to."""
+    from keras_transformers.layers import attention_scores
+
+    calls = []
+    real = attention_scores.blockwise_attention
+    monkeypatch.setattr(
+        attention_scores,
+        "blockwise_attention",
+        lambda *a, **k: calls.append(k[argument]) or real(*a, **k),
+    )
+    return calls
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blockwise_equals_explicit(case):
     options = CASES[case]
@@ -82,13 +97,7 @@ def test_long_sequences_choose_blockwise(monkeypatch):
     kernel kept aside on PyTorch) and a short one does not."""
     from keras_transformers.layers import attention_scores
 
-    calls = []
-    real = attention_scores.blockwise_attention
-    monkeypatch.setattr(
-        attention_scores,
-        "blockwise_attention",
-        lambda *a, **k: calls.append(k["block_size"]) or real(*a, **k),
-    )
+    calls = _record_blockwise(monkeypatch, "block_size")
     monkeypatch.setattr(attention_scores, "LONG_CAUSAL", 16)
     layer = MultiHeadAttention(num_heads=2, head_dim=4, causal=True, softcap=20.0)
     layer(np.zeros((1, 8, 8), "float32"))
@@ -159,3 +168,24 @@ def test_structure_from_positions_equals_its_mask(structure):
     assert_close(out_b, out_a, atol=1e-6)
     for grad_a, grad_b in zip(grads_a, grads_b):
         assert_close(grad_b, grad_a, atol=1e-5)
+
+
+def test_prefill_from_position_zero_is_blockwise_and_unchanged(monkeypatch):
+    """Generation's first call (a cache filled from position 0, its later
+    slots masked) runs blockwise with the blocks skipping the keys after
+    them, and gives the hidden states and cache of explicit attention."""
+    calls = _record_blockwise(monkeypatch, "aligned")
+    ids = np.random.default_rng(5).integers(3, 512, size=(2, 11))
+    results = []
+    for block_size in (0, 4):
+        keras.utils.set_random_seed(3)
+        model = kt.from_preset("gpt_llama_tiny", attention_block_size=block_size)
+        cache = model.backbone.init_cache(2, 19)
+        hidden, cache = model.backbone(ids, cache=cache, cache_index=0)
+        results.append(
+            (to_numpy(hidden), [to_numpy(c) for c in keras.tree.flatten(cache)])
+        )
+    assert calls and all(calls)
+    assert_close(results[1][0], results[0][0], atol=1e-5)
+    for theirs, mine in zip(results[0][1], results[1][1]):
+        assert_close(mine, theirs, atol=1e-5)

@@ -404,7 +404,8 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         if self.key_value_store is not None:
             shared_key_values.store(self.key_value_store, (k, v, mask, use_is_causal))
-        aligned = self_attention and cache is None and memory is None
+        first = cache is None or (isinstance(cache_index, int) and cache_index == 0)
+        aligned = self_attention and memory is None and key_positions is None and first
         out = attend(
             self, q, k, v, mask, use_is_causal, training, attention_bias, aligned
         )
@@ -432,9 +433,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """`arange(length) + offset`; shared by the layers of an eager
         decoding step (`backend.memo`) when the offset is a Python int."""
         compute = lambda: ops.arange(length) + offset  # noqa: E731
-        if not isinstance(offset, int):
-            return compute()
-        return backend.memo(("positions", length, offset), compute)
+        key = ("positions", length, offset)
+        return backend.memo(key, compute) if isinstance(offset, int) else compute()
 
     def get_config(self):
         config = super().get_config()

@@ -57,8 +57,9 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None, aligned=False):
         training: dropout switch.
         bias: an additive `[B|1, N|1, T, S]` logits bias, or None.
         aligned: queries and keys are the positions `0 .. T - 1` (self
-            attention without cache or memory): blockwise attention then
-            skips the keys the layer's causal mask or window hides.
+            attention without memory, and without a cache or filling one
+            from position 0, its later slots masked): blockwise attention
+            then skips the keys the layer's causal mask or window hides.
     """
     scale = layer.attention_scale
     if scale is None:
