@@ -280,8 +280,26 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         lora.enable_lora(self, rank, target, alpha)
 
     def merge_lora(self):
-        """Folds the LoRA update into the kernels: a plain model again."""
+        """Folds the LoRA update into the kernels: a plain model again. Save
+        the adapter first (`save_adapter`) to keep it apart."""
         lora.merge_lora(self)
+        self._lora_merged = True
+
+    def save_adapter(self, directory, base_model_name_or_path=None, model_type=None):
+        """Writes the LoRA adapter in PEFT's format (`adapter_config.json` +
+        `adapter_model.safetensors`) for `peft.PeftModel.from_pretrained`;
+        `model_type` picks the Hugging Face layout (default: `export_hf`'s).
+        See `keras_transformers.adapters`."""
+        from keras_transformers import adapters
+
+        adapters.save_adapter(self, directory, base_model_name_or_path, model_type)
+
+    def load_adapter(self, directory_or_hf_handle):
+        """Loads a PEFT LoRA adapter (a directory or `hf://org/name`),
+        enabling LoRA with its rank, targets and scale if it is off."""
+        from keras_transformers import adapters
+
+        adapters.load_adapter(self, directory_or_hf_handle)
 
     def save_lora_weights(self, path):
         """Writes only the adapter (LoRA `A`, `B`, a trainable head) to `.npz`."""
