@@ -1,6 +1,6 @@
 """Training utilities Keras lacks: schedules, Adam/AdamW updating in place
 on PyTorch, the paper's Adam, masked losses and metrics, BLEU, checkpoint
-averaging, throughput / MFU measurement, and exact resumption of an
+averaging, throughput / MFU measurement, preference tuning (DPO), and exact resumption of an
 interrupted `fit()` (`BackupAndRestore`).
 
 Everything here is backend-agnostic (JAX, TensorFlow, PyTorch), works inside
@@ -27,6 +27,12 @@ from keras_transformers.training.optimizers import (
     PerUpdateSchedule,
     transformer_adam,
 )
+from keras_transformers.training.preference import (
+    DPOModel,
+    completion_logps,
+    precompute_reference_logps,
+    preference_arrays,
+)
 from keras_transformers.training.resume import BackupAndRestore, ResumableBatches
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,
@@ -39,6 +45,7 @@ __all__ = [
     "BackupAndRestore",
     "BleuScore",
     "CheckpointAveraging",
+    "DPOModel",
     "InverseSquareRootSchedule",
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
@@ -47,7 +54,10 @@ __all__ = [
     "ResumableBatches",
     "ThroughputCallback",
     "WarmupCosineDecay",
+    "completion_logps",
     "corpus_bleu",
+    "precompute_reference_logps",
+    "preference_arrays",
     "sentence_bleu",
     "tokenize_13a",
     "training_flops_per_token",
