@@ -30,12 +30,14 @@ it owns and the shared `lora_A`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 from pathlib import Path
 
 import numpy as np
+from keras import ops
 
 from keras_transformers import hub, lora, registry
 from keras_transformers._atomic import atomic_directory
@@ -143,23 +145,60 @@ def sites(model, converter) -> dict[str, Site]:
         for k, v in tensors.items()
         if k.endswith(".weight") and v.ndim == 2
     }
+    hits = {
+        id(layer): _hits(layer, matrices) for layer in lora.projection_layers(model)
+    }
+    ambiguous = [
+        layer for layer in lora.projection_layers(model) if len(hits[id(layer)]) > 1
+    ]
+    if ambiguous:  # equal kernels (e.g. a fresh model): tell them apart by a tag
+        with _tagged(ambiguous):
+            tagged = _names(model, converter)
+            for layer in ambiguous:
+                hits[id(layer)] = [
+                    hit
+                    for hit in _hits(layer, matrices, tagged)
+                    if hit in hits[id(layer)]
+                ]
     found: dict[str, Site] = {}
     for layer in lora.projection_layers(model):
-        hits = [
-            (module, start, rows.shape[0])
-            for rows in _hf_weights(layer)  # [out, in]
-            for module, weight in matrices.items()
-            if weight.shape[1] == rows.shape[1] and weight.shape[0] >= rows.shape[0]
-            for start in _row_starts(weight, rows)
-        ]
-        if len(hits) != 1:  # absent (a head), or equal values: ambiguous
+        if len(hits[id(layer)]) != 1:  # absent (a head), or still ambiguous
             continue
-        module, start, size = hits[0]
+        module, start, size = hits[id(layer)][0]
         site = found.setdefault(module, Site(module, matrices[module].shape))
         site.parts.append((layer, start, start + size))
     for site in found.values():
         site.parts.sort(key=lambda part: part[1])
     return found
+
+
+def _hits(layer, matrices, tensors=None) -> list[tuple]:
+    """`(module, first row, rows)` of each place `layer`'s kernel is in
+    `matrices` (module -> `[out, in]`; values from `tensors` when given)."""
+    return [
+        (module, start, rows.shape[0])
+        for rows in _hf_weights(layer)  # [out, in]
+        for module, weight in matrices.items()
+        if weight.shape[1] == rows.shape[1] and weight.shape[0] >= rows.shape[0]
+        for start in _row_starts(
+            weight if tensors is None else tensors[module + ".weight"], rows
+        )
+    ]
+
+
+@contextlib.contextmanager
+def _tagged(layers):
+    """Adds `i + 1` to the kernel of the `i`-th of `layers` for the block,
+    then restores each kernel exactly."""
+    saved = [(layer._kernel, ops.convert_to_numpy(layer._kernel)) for layer in layers]
+    try:
+        for i, (variable, value) in enumerate(saved):
+            tag = np.asarray(value, np.float32) + np.float32(i + 1)
+            variable.assign(tag.astype(value.dtype))
+        yield
+    finally:
+        for variable, value in saved:
+            variable.assign(value)
 
 
 def _layout_error(model, converter, layers) -> ValueError:
