@@ -11,8 +11,8 @@ example is
 
 where `pc`, `pr` are the policy's log-probabilities of the chosen and the
 rejected completion and `rc`, `rr` the reference's. With `label_smoothing`
-`e` (conservative DPO, as TRL computes it) it is
-`-(1 - e) * log sigmoid(beta * d) - e * log sigmoid(-beta * d)`.
+`e` (conservative DPO, as TRL computes it) and `d = (pc - rc) - (pr - rr)`
+it is `-(1 - e) * log sigmoid(beta * d) - e * log sigmoid(-beta * d)`.
 
 The batch layout (`preference_arrays` writes it; `[N, T]` arrays, one row
 per example, both completions padded to the same length `T`):
@@ -270,14 +270,14 @@ class DPOModel(keras.Model):
     the LoRA adapters after `policy.enable_lora(...)`). The model's `call`
     returns the four sequence log-probabilities `[B, 4]` (policy chosen,
     policy rejected, reference chosen, reference rejected; the reference's
-    without gradient), and `compute_loss` turns them into the DPO loss: a
-    `keras.Model` subclass overriding `compute_loss` and `compute_metrics`
-    is the one place Keras 3 gives the whole batch, the predictions and the
-    metrics to a loss on JAX, TensorFlow and PyTorch alike, compiled or not
-    (a `keras.losses.Loss` would see `y_pred` only, not `beta` reward
-    metrics nor the model's `add_loss` terms). `compile()` takes an
-    optimizer and no loss; the MoE router losses of a Mixtral policy are
-    added as in plain `fit()`.
+    without gradient); its `compute_loss` turns them into the DPO loss and
+    its `compute_metrics` into the reward metrics. Keras 3 calls these two
+    hooks in the train and test steps of every backend, compiled or not,
+    so `fit()` needs no custom step. (A `keras.losses.Loss` taking the
+    `[B, 4]` tensor as `y_pred` would give the loss too, but the reward
+    metrics need the same numbers; one class keeps `beta` in one place.)
+    `compile()` takes an optimizer and no loss; the MoE router losses of a
+    Mixtral policy (`add_loss`) are added as in plain `fit()`.
 
     Metrics (in `fit()` / `evaluate()` logs, as TRL's `DPOTrainer` names
     them): `rewards/chosen` and `rewards/rejected` (mean of
