@@ -14,6 +14,7 @@ from keras_transformers.models.bert import (
 )
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
+from keras_transformers.models.gpt_classifier import GPTClassifier
 from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
 from keras_transformers.models.text_embedder import TextEmbedder
@@ -28,6 +29,7 @@ __all__ = [
     "ElectraDiscriminator",
     "GPTBackbone",
     "GPTCausalLM",
+    "GPTClassifier",
     "MixtralBackbone",
     "MixtralCausalLM",
     "Seq2SeqBackbone",
