@@ -22,6 +22,7 @@ from keras_transformers.convert.common import (
     fetch,
     load_layer,
     load_positions,
+    num_labels,
     special_ids,
 )
 from keras_transformers.convert.protocol import Converter, one_layout
@@ -83,11 +84,6 @@ ENCODER = dict(  # the layout of every BERT checkpoint
 
 def _architecture(hf: dict) -> str | None:
     return next((a for a in hf.get("architectures") or () if a in CLASSES), None)
-
-
-def num_labels(hf: dict) -> int:
-    """Classifier width: `id2label` (transformers 5 saves no `num_labels`)."""
-    return len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels") or 2)
 
 
 def config_from_hf(hf: dict) -> dict:

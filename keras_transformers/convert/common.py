@@ -141,6 +141,11 @@ def export_head(out: dict, embedding) -> None:
         out["lm_head.weight"] = fetch(embedding.reverse_embeddings, transpose=True)
 
 
+def num_labels(hf: dict) -> int:
+    """Classifier width: `id2label` (transformers 5 saves no `num_labels`)."""
+    return len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels") or 2)
+
+
 def special_ids(hf: dict, vocabulary_size: int) -> dict:
     """bos / eos / pad ids of an HF config; pad defaults to eos (then 0).
 

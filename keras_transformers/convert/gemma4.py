@@ -376,6 +376,7 @@ CONVERTER = register_converter(
         probe=PROBE,
         exports=exports,
         export_order=5,  # before gemma3's (10): registry.export_converter
+        sequence_classifier=False,  # transformers has none for Gemma 4
     )
 )
 

@@ -65,6 +65,7 @@ CONVERTER = register_converter(
         prefixes=PREFIXES,
         probe=PROBE,
         exports=None,
+        sequence_classifier=False,  # transformers has none for Gemma 4
     )
 )
 

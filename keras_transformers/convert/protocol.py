@@ -35,7 +35,12 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
+
+from keras_transformers.convert.common import assign, fetch, num_labels
+
+SCORE = "score"  # the sequence classifier's head, in transformers and here
 
 
 def _same_fields(fields: dict, *context) -> dict:
@@ -80,6 +85,10 @@ class Converter:
             None: only when asked for.
         export_order: the order `exports` is tried in within the family
             (lowest first; see `keras_transformers.registry.export_converter`).
+        sequence_classifier: the type's sequence-classification class in
+            transformers (e.g. "LlamaForSequenceClassification": its
+            checkpoints load as `GPTClassifier` with their `score` head, and
+            a `GPTClassifier` exports as it); None: the type has none.
     """
 
     model_type: str
@@ -95,6 +104,7 @@ class Converter:
     write_preprocessor: Callable[..., None] = _no_preprocessor
     exports: Callable[..., bool] | None = None
     export_order: int = 100
+    sequence_classifier: str | None = None
 
     def as_type(self, model_type: str) -> Converter:
         """The same converter registered under another `model_type` (e.g.
@@ -135,47 +145,103 @@ def decoder(
     probe: str,
     exports: Callable[..., bool] | None = None,
     export_order: int = 100,
+    sequence_classifier: bool = True,
 ) -> Converter:
     """The converter of a GPT-family decoder type.
 
     Args:
         architectures: `(base model class, causal-LM class)` in
             transformers, e.g. `("LlamaModel", "LlamaForCausalLM")`: a
-            checkpoint of the first loads as `GPTBackbone`, any other as
-            `GPTCausalLM`, and exports write the matching one.
+            checkpoint of the first loads as `GPTBackbone`, one of the
+            type's sequence classifier (see below) as `GPTClassifier`, any
+            other as `GPTCausalLM`, and exports write the matching one.
         hf_config: `(TransformerConfig) -> config.json dict`.
         load_weights: `(backbone, checkpoint, require_head) -> None`.
         export_weights: `(backbone) -> {name: array}` (with `lm_head`
             when untied).
+        sequence_classifier: whether transformers has the type's sequence
+            classifier, named after the base class (`LlamaModel` ->
+            `LlamaForSequenceClassification`): the base model under its
+            own prefix plus a bias-free `score` Linear `[num_labels, D]`.
         The other arguments are `Converter`'s.
     """
     base, causal = architectures
+    classifier = base.removesuffix("Model") + "ForSequenceClassification"
+    classifier = classifier if sequence_classifier else None
 
     def preset_data(hf: dict) -> dict:
-        is_base = set(hf.get("architectures") or ()) == {base}
-        return {
-            "family": "gpt",
-            "class_name": "GPTBackbone" if is_base else "GPTCausalLM",
-            "config": config_from_hf(hf),
-        }
+        names = set(hf.get("architectures") or ())
+        data = {"family": "gpt", "config": config_from_hf(hf)}
+        if names == {base}:
+            return {**data, "class_name": "GPTBackbone"}
+        if classifier in names:
+            task = {"num_classes": num_labels(hf), "classifier_dropout": 0.0}
+            return {**data, "class_name": "GPTClassifier", "task": task}
+        return {**data, "class_name": "GPTCausalLM"}
+
+    def load(model, checkpoint, hf: dict) -> None:
+        backbone = getattr(model, "backbone", model)
+        head = getattr(model, SCORE, None)
+        task = backbone is not model and head is None  # a causal LM: its head
+        load_weights(backbone, checkpoint, require_head=task)
+        if head is not None:
+            load_score(head, checkpoint, hf, classifier, type(model).__name__)
 
     def export(model, model_type: str) -> tuple:
         backbone = getattr(model, "backbone", model)
-        hf = {**hf_config(backbone.config), "architectures": [causal]}
-        return hf, export_weights(backbone)
+        hf = hf_config(backbone.config)
+        tensors = export_weights(backbone)
+        head = getattr(model, SCORE, None)
+        if head is None:
+            return {**hf, "architectures": [causal]}, tensors
+        if classifier is None:
+            raise ValueError(
+                f"Hugging Face {model_type!r} has no sequence classifier, so "
+                f"{type(model).__name__} cannot be exported as it. Export the "
+                "backbone (`export_hf(model.backbone, ...)`) instead."
+            )
+        # The base model's tensors (the probe's prefix), without an LM head.
+        prefix = next(k for k in tensors if k.endswith(probe))[: -len(probe)]
+        tensors = {k: v for k, v in tensors.items() if k.startswith(prefix)}
+        tensors[SCORE + ".weight"] = fetch(head.kernel, transpose=True)
+        labels = {i: f"LABEL_{i}" for i in range(model.num_classes)}
+        hf.update(id2label=labels, label2id={v: i for i, v in labels.items()})
+        return {**hf, "architectures": [classifier]}, tensors
 
     return Converter(
         model_type,
         config_from_hf=config_from_hf,
         preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
+        load_weights=load,
         export=export,
         family="gpt",
         prefixes=prefixes,
         probe=probe,
         exports=exports,
         export_order=export_order,
+        sequence_classifier=classifier,
     )
 
 
-__all__ = ["Converter", "backbone_weights", "decoder", "one_layout"]
+def load_score(head, checkpoint, hf: dict, classifier, cls: str) -> None:
+    """Loads a `score` head `[D, C]` from `score.weight` `[C, D]` when the
+    checkpoint is a `classifier` with `C` labels; otherwise the head stays
+    new, with a warning."""
+    name = SCORE + ".weight"
+    stored = classifier in (hf.get("architectures") or ()) and name in checkpoint
+    if stored and num_labels(hf) == head.kernel.shape[-1]:
+        assign(head.kernel, checkpoint.get(name), name, transpose=True)
+        return
+    reason = (
+        f"its {name} has {num_labels(hf)} classes, not {head.kernel.shape[-1]}"
+        if stored
+        else f"it is not a {classifier or 'sequence classifier'} checkpoint"
+    )
+    warnings.warn(
+        f"{checkpoint.directory} has no weights for the `score` head of {cls} "
+        f"({reason}): newly initialised, train before use.",
+        stacklevel=4,
+    )
+
+
+__all__ = ["Converter", "backbone_weights", "decoder", "load_score", "one_layout"]
