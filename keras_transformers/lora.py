@@ -11,8 +11,8 @@ He-uniform init) and `B` (zeros, so a fresh adapter changes nothing). For an
 
 Trainability after `enable_lora`: only the LoRA kernels, plus a task model's
 fresh classification head (`classifier` of `BertClassifier`,
-`BertTokenClassifier`, `ViTClassifier`), following the `modules_to_save`
-convention of Hugging Face PEFT. Everything else, biases, norms, embeddings
+`BertTokenClassifier`, `ViTClassifier`; `score` of `GPTClassifier`),
+following the `modules_to_save` convention of Hugging Face PEFT. Everything else, biases, norms, embeddings
 and LM / masked-LM heads included, is frozen. `save_lora_weights` writes
 those trainable weights (and nothing else) to an `.npz` file (no pickle).
 
@@ -41,7 +41,7 @@ from keras import ops
 from keras_transformers._atomic import atomic_file
 
 PROJECTIONS = (keras.layers.Dense, keras.layers.EinsumDense)
-HEAD = "classifier"  # a task model's fresh head: stays trainable
+HEADS = ("classifier", "score")  # a task model's fresh head: stays trainable
 FORMAT = "keras_transformers.lora/1"
 
 
@@ -118,8 +118,9 @@ def enable_lora(model, rank, target=("query", "value"), alpha=None):
                 f"kernel {shape} factors as [{int(np.prod(shape[:-1]))}, {shape[-1]}]"
                 f" (A [..., rank] @ B [rank, {shape[-1]}]). Use rank <= {limit}."
             )
-    head = getattr(model, HEAD, None)
-    head_vars = list(head.trainable_weights) if isinstance(head, keras.Layer) else []
+    heads = [getattr(model, name, None) for name in HEADS]
+    head = next((h for h in heads if isinstance(h, keras.Layer)), None)
+    head_vars = list(head.trainable_weights) if head is not None else []
     keep = {id(v) for v in head_vars}
     frozen = [v for v in model.trainable_weights if id(v) not in keep]
     for variable in frozen:

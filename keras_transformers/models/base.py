@@ -275,8 +275,9 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         """Adds LoRA adapters (kernel + `alpha / rank * A @ B`; alpha defaults
         to rank) to the projections named in `target` ("query", "key",
         "value", "attention_output", "intermediate", "gate", "output") and
-        freezes all other weights but a fresh `classifier` head. `compile()`
-        again before `fit()`."""
+        freezes all other weights but a fresh classification head
+        (`classifier`, or `score` of `GPTClassifier`). `compile()` again
+        before `fit()`."""
         lora.enable_lora(self, rank, target, alpha)
 
     def merge_lora(self):
