@@ -145,12 +145,12 @@ def test_fit_lowers_the_loss_on_a_separable_task():
     ids[~mask] = 0
     labels = (ids[np.arange(32), lengths - 1] >= 31).astype("int32")
     x = {"token_ids": ids, "padding_mask": mask}
-    unread = model.backbone.token_embedding.reverse_embeddings  # untied LM head
-    assert id(unread) not in {id(v) for v in model.trainable_weights}
     model.compile(
         optimizer=keras.optimizers.Adam(3e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
+    unread = model.backbone.token_embedding.reverse_embeddings  # untied LM head
+    assert id(unread) not in {id(v) for v in model.trainable_weights}
     history = model.fit(x, labels, batch_size=16, epochs=8, verbose=0)
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0], losses

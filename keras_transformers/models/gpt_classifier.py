@@ -82,9 +82,11 @@ class GPTClassifier(TaskModel):
     positions of the real tokens and so changes the logits, as in
     Hugging Face; rotary models give the same logits either way.
 
-    Train with `SparseCategoricalCrossentropy(from_logits=True)`. An untied
-    backbone's LM head (`reverse_embeddings`), which classification never
-    reads, is frozen: no gradient and no optimizer state for it.
+    Train with `SparseCategoricalCrossentropy(from_logits=True)`.
+    `compile()` freezes an untied backbone's LM head (`reverse_embeddings`),
+    which classification never reads: no optimizer state and no weight
+    decay for it. (Set its `trainable` back to True before training the
+    same backbone as a `GPTCausalLM`.)
 
     Examples:
         >>> model = GPTClassifier.from_preset("gpt_llama_tiny", num_classes=3)
@@ -115,9 +117,6 @@ class GPTClassifier(TaskModel):
             name="score",
         )
         self.score.build((None, self.config.hidden_dim))
-        embedding = self.backbone.token_embedding
-        if not embedding.tie_weights:  # an LM head the classifier never reads
-            embedding.reverse_embeddings.trainable = False
 
     def call(self, inputs, training=None):
         if isinstance(inputs, dict):
@@ -141,6 +140,14 @@ class GPTClassifier(TaskModel):
             padding_mask = check_padding_mask(padding_mask, token_ids)
             pooled = self.last_token(hidden, padding_mask)  # [B, D]
         return self.score(self.dropout(pooled, training=training))
+
+    def compile(self, *args, **kwargs):
+        """`keras.Model.compile`, after freezing the untied LM head of the
+        backbone, which the classifier never reads."""
+        embedding = self.backbone.token_embedding
+        if not embedding.tie_weights:
+            embedding.reverse_embeddings.trainable = False
+        super().compile(*args, **kwargs)
 
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`, after checking NumPy labels against
