@@ -69,7 +69,10 @@ def hf_preset_data(path) -> dict:
         is `GPTBackbone` for a base-model checkpoint (`architectures:
         ["GPT2Model"]`, `["LlamaModel"]`, `["MistralModel"]`,
         `["Qwen2Model"]`, `["Qwen3Model"]`, `["GemmaModel"]` or
-        `["Phi3Model"]`), else `GPTCausalLM`; BERT: see
+        `["Phi3Model"]`), `GPTClassifier` for the type's sequence
+        classifier (`LlamaForSequenceClassification`,
+        `GPT2ForSequenceClassification`, ...: `Converter.sequence_classifier`),
+        else `GPTCausalLM`; BERT: see
         `keras_transformers.convert.bert` (RoBERTa types:
         `keras_transformers.convert.roberta`; DistilBERT:
         `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
@@ -214,7 +217,8 @@ def export_hf(model, directory, model_type=None) -> None:
     directory holds only this export's files.
 
     Args:
-        model: a `GPTCausalLM` or `GPTBackbone`; a `BertBackbone`,
+        model: a `GPTCausalLM`, `GPTClassifier` (as the type's
+            `*ForSequenceClassification`) or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
             `Seq2SeqLM` or `Seq2SeqBackbone` (Marian, BART or T5 layout); a
             `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
