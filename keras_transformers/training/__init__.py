@@ -31,8 +31,8 @@ from keras_transformers.training.preference import (
     DPOModel,
     completion_logps,
     precompute_reference_logps,
-    preference_arrays,
 )
+from keras_transformers.training.preference_data import preference_arrays
 from keras_transformers.training.resume import BackupAndRestore, ResumableBatches
 from keras_transformers.training.schedules import (
     InverseSquareRootSchedule,

@@ -14,30 +14,13 @@ rejected completion and `rc`, `rr` the reference's. With `label_smoothing`
 `e` (conservative DPO, as TRL computes it) and `d = (pc - rc) - (pr - rr)`
 it is `-(1 - e) * log sigmoid(beta * d) - e * log sigmoid(-beta * d)`.
 
-The batch layout (`preference_arrays` writes it; `[N, T]` arrays, one row
-per example, both completions padded to the same length `T`):
-
-- `chosen_token_ids`, `rejected_token_ids`: int32, the prompt followed by
-  the completion, right-padded.
-- `chosen_padding_mask`, `rejected_padding_mask`: bool, True on real tokens.
-- `chosen_loss_mask`, `rejected_loss_mask`: bool, True on the completion's
-  tokens: the tokens whose log-probability counts.
-- optional `reference_chosen_logps`, `reference_rejected_logps`: `[N]`
-  float32, the reference model's log-probabilities
-  (`precompute_reference_logps`), used when `DPOModel` has no reference
-  model.
-
-Examples:
-    >>> data = preference_arrays([[5, 6]], [[7, 8, 9]], [[3]], max_length=6)
-    >>> data["chosen_token_ids"].tolist(), data["chosen_loss_mask"].tolist()
-    ([[5, 6, 7, 8, 9, 0]], [[False, False, True, True, True, False]])
-    >>> data["rejected_padding_mask"].tolist()
-    [[True, True, True, False, False, False]]
+This module is the model side: sequence log-probabilities, the reference
+model and `DPOModel`. The batch layout, and `preference_arrays` that
+builds it, are in `keras_transformers.training.preference_data`
+(`preference_arrays` is importable from here too).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -48,100 +31,15 @@ from keras_transformers.backend.compiled import (
     prepare_tensorflow_step,
     train_function,
 )
-
-SIDES = ("chosen", "rejected")
-INPUT_KEYS = tuple(
-    f"{side}_{part}"
-    for side in SIDES
-    for part in ("token_ids", "padding_mask", "loss_mask")
+from keras_transformers.training.preference_data import (
+    INPUT_KEYS,
+    REFERENCE_KEYS,
+    SIDES,
+    check_preference_batch,
+    preference_arrays,
 )
-REFERENCE_KEYS = ("reference_chosen_logps", "reference_rejected_logps")
+
 REFERENCE_MODES = ("copy", "base")
-
-
-# ------------------------------------------------------------------- data
-def _positive(name, value):
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or value < 1
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive integer or None. Received: {name}={value!r}"
-        )
-
-
-def preference_arrays(
-    prompts: Sequence[Sequence[int]],
-    chosen: Sequence[Sequence[int]],
-    rejected: Sequence[Sequence[int]],
-    max_length: int | None = None,
-    max_prompt_length: int | None = None,
-    pad_token_id: int = 0,
-) -> dict:
-    """Token id lists -> the padded arrays of `DPOModel.fit` (see the
-    module docstring for the keys).
-
-    Args:
-        prompts, chosen, rejected: one list of token ids per example each
-            (prompts and completions non-empty).
-        max_length: length `T` of every row (None: the longest sequence).
-            A longer prompt + completion loses the completion's end.
-        max_prompt_length: a longer prompt keeps its last tokens (None:
-            prompts are not cut).
-        pad_token_id: the id written on padding.
-
-    Returns:
-        A dict of numpy arrays: `*_token_ids` `[N, T]` int32,
-        `*_padding_mask` and `*_loss_mask` `[N, T]` bool.
-
-    Raises ValueError where a prompt or completion is empty, the lists
-    differ in length, or a prompt leaves no room for a completion within
-    `max_length` (pass a smaller `max_prompt_length`).
-    """
-    _positive("max_length", max_length)
-    _positive("max_prompt_length", max_prompt_length)
-    if not len(prompts) == len(chosen) == len(rejected):
-        raise ValueError(
-            "`prompts`, `chosen` and `rejected` need one entry per example. "
-            f"Received: {len(prompts)}, {len(chosen)} and {len(rejected)} entries."
-        )
-    rows = {side: [] for side in SIDES}  # (ids, prompt length) per example
-    for i, prompt in enumerate(prompts):
-        prompt = list(prompt)
-        if max_prompt_length is not None:
-            prompt = prompt[-max_prompt_length:]
-        if not prompt:
-            raise ValueError(
-                f"Example {i} has an empty prompt: the first completion token "
-                "needs a token before it (e.g. a BOS token)."
-            )
-        for side, completions in zip(SIDES, (chosen, rejected)):
-            completion = list(completions[i])
-            if not completion:
-                raise ValueError(f"Example {i} has an empty {side} completion.")
-            if max_length is not None and len(prompt) >= max_length:
-                raise ValueError(
-                    f"Example {i}: its prompt ({len(prompt)} tokens) leaves no "
-                    f"room for the {side} completion within max_length="
-                    f"{max_length}. Pass max_prompt_length < max_length (the "
-                    "prompt then keeps its last tokens) or a larger max_length."
-                )
-            ids = (prompt + completion)[:max_length]
-            rows[side].append((ids, len(prompt)))
-    length = max_length or max(len(ids) for r in rows.values() for ids, _ in r)
-    arrays = {}
-    for side in SIDES:
-        n = len(rows[side])
-        token_ids = np.full((n, length), pad_token_id, dtype="int32")
-        padding = np.zeros((n, length), dtype=bool)
-        loss = np.zeros((n, length), dtype=bool)
-        for row, (ids, prompt_length) in enumerate(rows[side]):
-            token_ids[row, : len(ids)] = ids
-            padding[row, : len(ids)] = True
-            loss[row, prompt_length : len(ids)] = True
-        arrays[f"{side}_token_ids"] = token_ids
-        arrays[f"{side}_padding_mask"] = padding
-        arrays[f"{side}_loss_mask"] = loss
-    return arrays
 
 
 # --------------------------------------------------------------- log-probs
@@ -201,64 +99,13 @@ def precompute_reference_logps(reference, data: dict, batch_size: int = 8) -> di
     `DPOModel` without a reference model (one model in memory while
     training). Run it before training: on the policy itself, its logps are
     then the reference's."""
-    _check_batch(data, needs_reference=False, has_reference=False)
+    check_preference_batch(data, needs_reference=False, has_reference=False)
     inputs = {key: data[key] for key in INPUT_KEYS}
     logps = CompletionScorer(reference).predict(
         inputs, batch_size=batch_size, verbose=0
     )
     logps = np.asarray(logps, dtype="float32")
     return {**data, REFERENCE_KEYS[0]: logps[:, 0], REFERENCE_KEYS[1]: logps[:, 1]}
-
-
-# ------------------------------------------------------------------ checks
-def _vocabulary_size(model):
-    config = getattr(getattr(model, "backbone", None), "config", None)
-    return getattr(config, "vocabulary_size", None)
-
-
-def _same(a, b):
-    return len(a) == len(b) and all(
-        x is None or y is None or x == y for x, y in zip(a, b)
-    )
-
-
-def _check_batch(batch, needs_reference, has_reference):
-    """Raises ValueError for a batch that is not a dict with the DPO keys
-    of consistent shapes (see the module docstring)."""
-    if not isinstance(batch, dict):
-        raise ValueError(
-            "A DPO batch is a dict of arrays (see `preference_arrays`). "
-            f"Received: {type(batch).__name__}"
-        )
-    wanted = INPUT_KEYS + (REFERENCE_KEYS if needs_reference else ())
-    missing = [key for key in wanted if key not in batch]
-    if missing:
-        hint = (
-            " Without a reference model, precompute them with "
-            "`precompute_reference_logps`, or pass `reference=`."
-            if any(key in REFERENCE_KEYS for key in missing)
-            else ""
-        )
-        raise ValueError(
-            f"The DPO batch lacks {missing}.{hint} It has {sorted(batch)}."
-        )
-    if has_reference and any(key in batch for key in REFERENCE_KEYS):
-        raise ValueError(
-            "The batch holds precomputed reference log-probabilities and this "
-            "DPOModel has a reference model: drop those keys, or build the "
-            "DPOModel with reference=None to use them."
-        )
-    shape = tuple(batch["chosen_token_ids"].shape)
-    for key in INPUT_KEYS + (REFERENCE_KEYS if needs_reference else ()):
-        want = shape[:1] if key in REFERENCE_KEYS else shape
-        got = tuple(batch[key].shape)
-        if len(shape) != 2 or not _same(got, want):
-            raise ValueError(
-                f"`{key}` has shape {got}; every *_token_ids / *_padding_mask /"
-                f" *_loss_mask array must have the shape [batch, length] of "
-                f"`chosen_token_ids` {shape} (pad both completions to the same "
-                "length) and each reference_*_logps [batch]."
-            )
 
 
 # ------------------------------------------------------------------- model
@@ -374,7 +221,9 @@ class DPOModel(keras.Model):
 
     def call(self, inputs, training=None):
         needs_reference = self.reference is None and self.reference_mode != "base"
-        _check_batch(inputs, needs_reference, has_reference=not needs_reference)
+        check_preference_batch(
+            inputs, needs_reference, has_reference=not needs_reference
+        )
         token_ids, padding, loss_mask = (
             ops.concatenate([inputs[f"chosen_{p}"], inputs[f"rejected_{p}"]], axis=0)
             for p in ("token_ids", "padding_mask", "loss_mask")
@@ -434,6 +283,11 @@ class DPOModel(keras.Model):
 
 
 # --------------------------------------------------------------- reference
+def _vocabulary_size(model):
+    config = getattr(getattr(model, "backbone", None), "config", None)
+    return getattr(config, "vocabulary_size", None)
+
+
 def _reference_model(policy, reference):
     """The frozen reference model of `DPOModel` (None: batch or "base")."""
     if reference is None:
