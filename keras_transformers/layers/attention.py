@@ -12,7 +12,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.layers import ring_cache
+from keras_transformers.layers import kv_sharing, ring_cache
 from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import EinsumDense, RMSNormalization, seeded_dropout
 from keras_transformers.layers.kv_sharing import scale_free_rms
@@ -134,6 +134,9 @@ class MultiHeadAttention(keras.layers.Layer):
             same document (None: all).
         shared_key_values: a `SharedKeyValues` of this forward pass, for
             `key_value_store` / `key_value_reuse`.
+        document_ids: `[B, T]` int, the document of each token of packed
+            rows (self-attention without a cache): a token attends only to
+            its own document's.
         training: dropout switch.
 
     Returns:
@@ -321,10 +324,11 @@ class MultiHeadAttention(keras.layers.Layer):
         memory=None,
         memory_mask=None,
         shared_key_values=None,
+        document_ids=None,
     ):
         if self.key_value_reuse is not None:
-            out = self._reuse(
-                query, shared_key_values, cache_index, positions, training
+            out = kv_sharing.reuse(
+                self, query, shared_key_values, cache_index, positions, training
             )
             return out if cache is None else (out, cache)
         static_cache = cache is not None and cache_index is None
@@ -388,6 +392,7 @@ class MultiHeadAttention(keras.layers.Layer):
             and key_padding_mask is None
             and self.sliding_window is None
             and attention_bias is None
+            and document_ids is None
         )
         mask, window = None, None
         if causal or (self_attention and not self.causal):  # encoders: symmetric
@@ -401,6 +406,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 sliding_window=window,
                 query_offset=offset,
                 key_positions=key_positions,
+                documents=document_ids,
             )
         if self.key_value_store is not None:
             shared_key_values.store(self.key_value_store, (k, v, mask, use_is_causal))
@@ -414,19 +420,6 @@ class MultiHeadAttention(keras.layers.Layer):
             out = out * ops.cast(gate, out.dtype)
         out = call_layer(self.output_dense, out)  # [B, T, D]
         return out if cache is None else (out, cache)
-
-    def _reuse(self, query, shared_key_values, cache_index, positions, training):
-        """Attention of `query` `[B, T, D]` to the keys, values and mask
-        stored under `key_value_reuse` (their positions are this call's)."""
-        k, v, mask, is_causal = shared_key_values.get(self.key_value_reuse)
-        q = self._normed(self.query_norm, call_layer(self.query_dense, query))
-        if self.rotary is not None:
-            if positions is None:
-                offset = 0 if cache_index is None else cache_index
-                positions = self._positions(ops.shape(query)[1], offset)
-            (q,) = self.rotary.rotate((q,), positions)
-        out = attend(self, q, k, v, mask, is_causal, training)
-        return call_layer(self.output_dense, out)  # [B, T, D]
 
     @staticmethod
     def _positions(length, offset):

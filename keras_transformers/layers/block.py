@@ -114,6 +114,8 @@ class TransformerBlock(keras.layers.Layer):
         per_layer_input: `[B, T, P]` with `per_layer_input_dim`.
         shared_key_values: the stack's `SharedKeyValues`, passed on to the
             self-attention when given (KV sharing across layers).
+        document_ids: `[B, T]` int, each token's document in packed rows,
+            passed on to the self-attention when given.
         training: dropout switch.
 
     Returns:
@@ -345,11 +347,14 @@ class TransformerBlock(keras.layers.Layer):
         positions=None,
         per_layer_input=None,
         shared_key_values=None,
+        document_ids=None,
     ):
         new_cache = []
         given = {} if positions is None else {"positions": positions}
         if shared_key_values is not None:
             given["shared_key_values"] = shared_key_values
+        if document_ids is not None:  # packed rows
+            given["document_ids"] = document_ids
         pre = self.norm_position not in ("post", "output")
         if memory is not None and pre and self.self_attention_norm is not None:
             memory = call_layer(self.self_attention_norm, memory)

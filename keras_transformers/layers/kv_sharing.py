@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from keras import ops
 
+from keras_transformers.backend import call_layer
+from keras_transformers.layers.attention_scores import attend
+
 
 class SharedKeyValues:
     """The keys and values of one forward pass, by name (a layer type).
@@ -45,6 +48,22 @@ class SharedKeyValues:
         return self._entries[name]
 
 
+def reuse(layer, query, shared_key_values, cache_index, positions, training):
+    """A consumer layer's attention (`layer`, a `MultiHeadAttention` with
+    `key_value_reuse`): `query` `[B, T, D]` attends to the keys, values and
+    mask stored under its `key_value_reuse` (their positions are this
+    call's). Returns `[B, T, D]`."""
+    k, v, mask, is_causal = shared_key_values.get(layer.key_value_reuse)
+    q = layer._normed(layer.query_norm, call_layer(layer.query_dense, query))
+    if layer.rotary is not None:
+        if positions is None:
+            offset = 0 if cache_index is None else cache_index
+            positions = layer._positions(ops.shape(query)[1], offset)
+        (q,) = layer.rotary.rotate((q,), positions)
+    out = attend(layer, q, k, v, mask, is_causal, training)
+    return call_layer(layer.output_dense, out)  # [B, T, D]
+
+
 def scale_free_rms(x, epsilon: float):
     """`x / sqrt(mean(x**2) + epsilon)` over the last axis, in float32
     (a value norm without learned scales), cast back to `x`'s dtype."""
@@ -53,4 +72,4 @@ def scale_free_rms(x, epsilon: float):
     return ops.cast(x32 * ops.power(mean + epsilon, -0.5), x.dtype)
 
 
-__all__ = ["SharedKeyValues", "scale_free_rms"]
+__all__ = ["SharedKeyValues", "reuse", "scale_free_rms"]

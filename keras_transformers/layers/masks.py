@@ -18,6 +18,7 @@ def attention_mask(
     sliding_window: int | None = None,
     query_offset=0,
     key_positions=None,
+    documents=None,
 ):
     """Builds a boolean attention mask.
 
@@ -36,6 +37,9 @@ def attention_mask(
             ring KV cache whose slots are out of order; keys at negative
             positions (empty slots) are masked (with `causal`). None: keys
             are at positions `0 .. S - 1`.
+        documents: optional `[B, T]` int, the document of each position of
+            a packed row (self-attention, `T == S`): a query sees only keys
+            of its own document.
 
     Returns:
         None when nothing is masked, else a bool tensor of shape `[1, 1, T, S]`
@@ -62,4 +66,7 @@ def attention_mask(
     if key_padding_mask is not None:
         padding = ops.cast(key_padding_mask, "bool")[:, None, None, :]
         mask = padding if mask is None else ops.logical_and(mask, padding)
+    if documents is not None:  # [B, 1, T, S]: within each packed document
+        same = ops.equal(documents[:, None, :, None], documents[:, None, None, :])
+        mask = same if mask is None else ops.logical_and(mask, same)
     return mask

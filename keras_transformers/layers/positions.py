@@ -264,9 +264,12 @@ class PositionEmbedding(keras.layers.Layer):
     Call arguments:
         x: `[B, T, D]` embeddings (only the shape is used).
         start_index: position of the first token (an int or scalar tensor).
+        positions: `[B, T]` int positions instead (e.g. restarting at each
+            document of packed rows).
 
     Returns:
-        `[1, T, D]` position embeddings, to be added to `x`.
+        `[1, T, D]` position embeddings (`[B, T, D]` with `positions`), to
+        be added to `x`.
     """
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
@@ -282,9 +285,11 @@ class PositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, x, start_index=0):
+    def call(self, x, start_index=0, positions=None):
         length = ops.shape(x)[1]
         table = backend.value(self.embeddings)
+        if positions is not None:
+            return ops.cast(ops.take(table, positions, axis=0), x.dtype)
         rows = slice_rows(table, start_index, length)  # [T, D]
         return ops.cast(rows[None], x.dtype)
 

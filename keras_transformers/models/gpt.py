@@ -11,6 +11,7 @@ from keras_transformers.models.base import (
     unpack_token_inputs,
 )
 from keras_transformers.models.causal_lm import CausalLM
+from keras_transformers.models.packing import packed_arguments
 from keras_transformers.models.text import TextBackbone
 from keras_transformers.models.transformer_xl import (
     check_memory_batches,
@@ -40,8 +41,12 @@ class GPTBackbone(TextBackbone):
 
     Call arguments:
         inputs: `{"token_ids": [B, T] int, "padding_mask": [B, T] bool}` or
-            the `[B, T]` ids alone; with Transformer-XL memory, optionally
-            `"memory_reset": [B] bool` (True where a row starts a document).
+            the `[B, T]` ids alone; optionally `"document_ids": [B, T] int`
+            for packed rows (several examples per row: each token attends to
+            its own example only and its positions restart there; see
+            `keras_transformers.models.packing`); with Transformer-XL memory,
+            optionally `"memory_reset": [B] bool` (True where a row starts a
+            document).
         cache: KV cache for decoding (see `init_cache`).
         cache_index: position of the first token of `inputs` in the cache.
 
@@ -65,14 +70,24 @@ class GPTBackbone(TextBackbone):
 
     def call(self, inputs, cache=None, cache_index=None, training=None):
         if self.segment_memory is not None:  # Transformer-XL
+            if isinstance(inputs, dict) and inputs.get("document_ids") is not None:
+                packed_arguments(self, inputs["token_ids"], inputs["document_ids"])
             return xl_call(self, inputs, cache, cache_index, training)
         # Decoding steps skip the value check: `generate` checks the prompt once.
-        token_ids, padding_mask = unpack_token_inputs(
-            inputs, self.config, check_values=cache is None
+        token_ids, padding_mask, document_ids = unpack_token_inputs(
+            inputs, self.config, ("document_ids",), check_values=cache is None
         )
+        packed = {}
+        if document_ids is not None and cache is None:
+            packed = packed_arguments(self, token_ids, document_ids)
         start = 0 if cache_index is None else cache_index
-        x = self.embed(token_ids, start_index=start, training=training)  # [B, T, D]
-        extra = self.layer_extras(token_ids, x)
+        x = self.embed(
+            token_ids,
+            start_index=start,
+            training=training,
+            token_positions=packed.get("positions"),
+        )  # [B, T, D]
+        extra = {**self.layer_extras(token_ids, x), **packed}
         if cache is not None:
             # While decoding, every cached position before the query is real.
             x, cache = run_blocks(

@@ -156,20 +156,24 @@ class TextBackbone(ConfiguredModel):
         norm=None,
         positions=None,
         padding_mask=None,
+        token_positions=None,
     ):
         """`[B, T]` ids (and segment ids) -> `[B, T, D]` input states (embedded
         `embedding_dim` wide, then projected, with factorised embeddings).
         `norm` replaces `embedding_norm` (the seq2seq decoder has its own),
         `positions` replaces `position_embedding` (a seq2seq decoder's own
         table, `separate_decoder_positions`); `padding_mask` `[B, T]` counts
-        the real tokens for `token_dropout_mask_id`."""
+        the real tokens for `token_dropout_mask_id`; `token_positions`
+        `[B, T]` gives each token's position (packed rows) instead of
+        `start_index + arange(T)`."""
         x = call_layer(self.token_embedding, token_ids)
         mask_id = self.config.token_dropout_mask_id
         if mask_id is not None:
             x = token_dropout(x, token_ids, padding_mask, mask_id)
         positions = positions or self.position_embedding
         if positions is not None:
-            x = x + call_layer(positions, x, start_index=start_index)
+            given = {} if token_positions is None else {"positions": token_positions}
+            x = x + call_layer(positions, x, start_index=start_index, **given)
         if self.segment_embedding is not None:
             if segment_ids is None:
                 segment_ids = keras.ops.zeros_like(token_ids)
