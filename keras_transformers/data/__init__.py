@@ -1,6 +1,6 @@
 """Data for training: text, parallel text and images, ready for `model.fit`.
 
-Four modules, all backend-independent (NumPy, the standard library and
+Five modules, all backend-independent (NumPy, the standard library and
 `keras.utils.PyDataset` / Keras layers):
 
 * :mod:`keras_transformers.data.text` - text sources (`default_text`,
@@ -13,16 +13,28 @@ Four modules, all backend-independent (NumPy, the standard library and
   :mod:`keras_transformers.data.span_corruption`);
 * :mod:`keras_transformers.data.segments` - consecutive segments of long
   texts for a recurrent memory (Transformer-XL: `segment_batches`);
+* :mod:`keras_transformers.data.chat_sft` - supervised fine-tuning data:
+  conversations trained on their assistant turns (`conversation_example`),
+  prompt / completion pairs (`completion_example`), packing (`sft_dataset`);
 * :mod:`keras_transformers.data.images` - IDX files (MNIST /
   Fashion-MNIST), folders of images, resizing and augmentation for ViTs.
 
-Every public name of the four is importable from here:
+Every public name of the five is importable from here:
 
 ```python
 from keras_transformers.data import lm_dataset, seq2seq_dataset, load_images
 ```
 """
 
+from keras_transformers.data.chat_sft import (
+    Example,
+    SFTData,
+    completion_example,
+    conversation_example,
+    pack_rows,
+    render_conversation,
+    sft_dataset,
+)
 from keras_transformers.data.images import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_DIR,
@@ -78,6 +90,13 @@ from keras_transformers.data.text import (
 )
 
 __all__ = [
+    "Example",
+    "SFTData",
+    "completion_example",
+    "conversation_example",
+    "pack_rows",
+    "render_conversation",
+    "sft_dataset",
     "BIBLE_REQUIREMENT",
     "DEFAULT_TEST_BOOKS",
     "DEFAULT_VALIDATION_BOOKS",
