@@ -7,14 +7,10 @@ directory_or_hf_handle)` reads such an adapter (one that `peft` made, of any
 rank, alpha, rsLoRA, rank / alpha patterns, any subset of the projections)
 onto our model.
 
-Names. A PEFT tensor is named after the `torch.nn.Linear` it adapts, e.g.
-`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`. Which of
-our projections that Linear is comes from the converter of the model's
-Hugging Face layout (`keras_transformers.convert`): its `export` writes each
-kernel under its checkpoint name, and each `Dense` / `EinsumDense` kernel is
-found there by value, as the rows of a `[out, in]` weight (a fused weight,
-such as Phi-3's `qkv_proj`, holds several of our projections, one after the
-other). So every layout a converter exports works, with no per-model code.
+Names. A PEFT tensor is named after the `torch.nn.Linear` it adapts; which
+of our projections that Linear is comes from the converter of the model's
+Hugging Face layout (`keras_transformers.convert.peft_layout`). The files
+themselves are read and written by `keras_transformers.convert.peft_files`.
 
 Factors. Our kernel `[d_1, ..., d_n]` is the matrix `[in, out]` with
 `in = d_1 * ... * d_{n-1}` and `out = d_n`; its Linear weight is the
@@ -30,184 +26,45 @@ it owns and the shared `lora_A`.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import re
-from pathlib import Path
 
 import numpy as np
-from keras import ops
 
-from keras_transformers import hub, lora, registry
-from keras_transformers._atomic import atomic_directory
-from keras_transformers._json import read_json_object
+from keras_transformers import lora
+from keras_transformers.convert.common import fetch
+from keras_transformers.convert.peft_files import (
+    CONFIG_FILE,
+    PEFT_PREFIX,
+    WEIGHTS_FILE,
+    lora_config,
+    pattern,
+    peft_scale,
+    read_config,
+    read_factors,
+    resolve,
+    write,
+)
+from keras_transformers.convert.peft_layout import (
+    Site,
+    converter_for,
+    heads,
+    layout_error,
+    matching_layout,
+    sites,
+)
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."
-FACTORS = ("lora_A", "lora_B")
-# PEFT options that change what an adapter computes, and what we say of them.
-UNSUPPORTED = {
-    "use_dora": "DoRA (weight-decomposed LoRA)",
-    "fan_in_fan_out": "fan_in_fan_out (Conv1D layouts such as GPT-2's)",
-    "lora_bias": "lora_bias (a bias on lora_B)",
-    "modules_to_save": "modules_to_save (fully trained extra modules)",
-    "trainable_token_indices": "trainable_token_indices",
-    "layer_replication": "layer_replication",
-    "target_parameters": "target_parameters (LoRA on raw parameters, e.g. MoE experts)",
-    "alora_invocation_tokens": "alora_invocation_tokens (activated LoRA)",
-    "use_qalora": "use_qalora",
-    "use_bdlora": "use_bdlora",
-    "megatron_config": "megatron_config",
-}
-
-
-# ------------------------------------------------------------------ layout
-class Site:
-    """One Hugging Face Linear: `module` (its name, e.g.
-    `model.layers.0.self_attn.q_proj`), `shape` (`[out, in]`) and `parts`:
-    `(layer, start, stop)` for each of our projections whose kernel is rows
-    `start:stop` of its weight."""
-
-    def __init__(self, module: str, shape: tuple):
-        self.module, self.shape, self.parts = module, shape, []
-
-
-def _hf_weights(layer):
-    """`layer`'s kernel `[d_1, ..., d_n]` (LoRA update included, as `export`
-    writes it) as each Linear weight `[out, in]` it can be: `in = d_1 * ...
-    * d_k` for `k = n - 1, ..., 1` (the query `[D, N, H]` is `[N * H, D]`)."""
-    from keras_transformers.convert.common import fetch
-
-    kernel = layer.kernel
-    shape = tuple(int(d) for d in kernel.shape)
-    for k in range(len(shape) - 1, 0, -1):
-        width = int(np.prod(shape[:k]))
-        yield fetch(kernel, shape=(width, -1), transpose=True)
-
-
-def heads(layer, width: int) -> int:
-    """`M`: how many times Keras' LoRA repeats its `B` across the output of
-    `layer` whose Linear input is `width` wide. Keras' `A [..., r]` spans
-    every kernel axis but the last, so axes between the Linear's input and
-    the last (the heads of `[D, N, H]`) index separate `A`s that share `B`:
-    the update is `M` blocks, of PEFT rank `M * r`."""
-    return int(np.prod(layer.kernel.shape[:-1])) // width
-
-
-def _row_starts(weight: np.ndarray, rows: np.ndarray) -> list[int]:
-    """The offsets at which `rows` (`[n, in]`) are rows of `weight`."""
-    n = rows.shape[0]
-    starts = np.flatnonzero(weight[: weight.shape[0] - n + 1, 0] == rows[0, 0])
-    return [int(s) for s in starts if np.array_equal(weight[s : s + n], rows)]
-
-
-def _converter(model, model_type: str | None):
-    backbone = getattr(model, "backbone", model)
-    family = getattr(backbone, "family", None)
-    if family not in registry.FAMILIES:
-        raise ValueError(
-            f"PEFT adapters need a model with a Hugging Face layout. Received: "
-            f"{type(model).__name__}."
-        )
-    if model_type is None:
-        return registry.export_converter(family, backbone.config)
-    converter = registry.converter(model_type)
-    if converter.family != family:
-        raise ValueError(
-            f"model_type={model_type!r} is not a layout of {type(model).__name__} "
-            f"({family} family)."
-        )
-    return converter
-
-
-def _names(model, converter) -> dict:
-    """The converter's checkpoint names of `model` as PEFT names them: a
-    backbone is the Hugging Face base model, without the causal LM's prefix."""
-    _, tensors = converter.export(model, converter.model_type)
-    if getattr(model, "backbone", None) is None:
-        prefix = converter.prefixes[0]
-        tensors = {k.removeprefix(prefix): v for k, v in tensors.items()}
-    return tensors
-
-
-def sites(model, converter) -> dict[str, Site]:
-    """Module name -> `Site` of every projection of `model` that is (part
-    of) a Linear weight in `converter`'s layout.
-
-    Raises:
-        ValueError: the layout cannot express the model (`export`'s error).
-    """
-    tensors = _names(model, converter)
-    matrices = {
-        k[: -len(".weight")]: v
-        for k, v in tensors.items()
-        if k.endswith(".weight") and v.ndim == 2
-    }
-    hits = {
-        id(layer): _hits(layer, matrices) for layer in lora.projection_layers(model)
-    }
-    ambiguous = [
-        layer for layer in lora.projection_layers(model) if len(hits[id(layer)]) > 1
-    ]
-    if ambiguous:  # equal kernels (e.g. a fresh model): tell them apart by a tag
-        with _tagged(ambiguous):
-            tagged = _names(model, converter)
-            for layer in ambiguous:
-                hits[id(layer)] = [
-                    hit
-                    for hit in _hits(layer, matrices, tagged)
-                    if hit in hits[id(layer)]
-                ]
-    found: dict[str, Site] = {}
-    for layer in lora.projection_layers(model):
-        if len(hits[id(layer)]) != 1:  # absent (a head), or still ambiguous
-            continue
-        module, start, size = hits[id(layer)][0]
-        site = found.setdefault(module, Site(module, matrices[module].shape))
-        site.parts.append((layer, start, start + size))
-    for site in found.values():
-        site.parts.sort(key=lambda part: part[1])
-    return found
-
-
-def _hits(layer, matrices, tensors=None) -> list[tuple]:
-    """`(module, first row, rows)` of each place `layer`'s kernel is in
-    `matrices` (module -> `[out, in]`; values from `tensors` when given)."""
-    return [
-        (module, start, rows.shape[0])
-        for rows in _hf_weights(layer)  # [out, in]
-        for module, weight in matrices.items()
-        if weight.shape[1] == rows.shape[1] and weight.shape[0] >= rows.shape[0]
-        for start in _row_starts(
-            weight if tensors is None else tensors[module + ".weight"], rows
-        )
-    ]
-
-
-@contextlib.contextmanager
-def _tagged(layers):
-    """Adds `i + 1` to the kernel of the `i`-th of `layers` for the block,
-    then restores each kernel exactly."""
-    saved = [(layer._kernel, ops.convert_to_numpy(layer._kernel)) for layer in layers]
-    try:
-        for i, (variable, value) in enumerate(saved):
-            tag = np.asarray(value, np.float32) + np.float32(i + 1)
-            variable.assign(tag.astype(value.dtype))
-        yield
-    finally:
-        for variable, value in saved:
-            variable.assign(value)
-
-
-def _layout_error(model, converter, layers) -> ValueError:
-    return ValueError(
-        f"Layer(s) {layers} of {type(model).__name__} have no Linear weight of "
-        f"their own in the Hugging Face {converter.model_type!r} layout, so a PEFT "
-        "adapter cannot name them. Adapt other projections, or pass `model_type=` "
-        "for another layout of this model."
-    )
+__all__ = [
+    "CONFIG_FILE",
+    "WEIGHTS_FILE",
+    "Site",
+    "heads",
+    "load_adapter",
+    "read_config",
+    "read_factors",
+    "resolve",
+    "save_adapter",
+    "sites",
+]
 
 
 # ------------------------------------------------------------------ saving
@@ -233,12 +90,12 @@ def save_adapter(model, directory, base_model_name_or_path=None, model_type=None
             "new `classifier` head, which PEFT adapters of causal LMs do not hold. "
             "Use `save_lora_weights()` for it."
         )
-    converter = _converter(model, model_type)
+    converter = converter_for(model, model_type)
     layout = sites(model, converter)
     owner = {id(layer): site for site in layout.values() for layer, *_ in site.parts}
     unnamed = [layer.path for layer in state.layers if id(layer) not in owner]
     if unnamed:
-        raise _layout_error(model, converter, unnamed)
+        raise layout_error(model, converter, unnamed)
     peft = getattr(state, "peft", {})
     rslora = bool(peft.get("use_rslora", False))
     scale = state.alpha / state.rank
@@ -253,16 +110,21 @@ def save_adapter(model, directory, base_model_name_or_path=None, model_type=None
         tensors[name + ".lora_A.weight"] = a
         tensors[name + ".lora_B.weight"] = b
         ranks[site.module] = a.shape[0]
-    ranks = _patterns(ranks, state.rank)
-    alphas = {k: scale * (math.sqrt(r) if rslora else r) for k, r in ranks.items()}
     alpha = peft.get("lora_alpha")
-    if alpha is None or not math.isclose(_scale(alpha, state.rank, rslora), scale):
+    if alpha is None or not math.isclose(peft_scale(alpha, state.rank, rslora), scale):
         alpha = scale * (math.sqrt(state.rank) if rslora else state.rank)
-    config = _peft_config(model, state, layout, alpha, rslora, ranks, alphas)
+    config = lora_config(
+        rank=state.rank,
+        alpha=alpha,
+        scale=scale,
+        rslora=rslora,
+        ranks=ranks,
+        causal=getattr(model, "backbone", None) is not None,
+    )
     config["base_model_name_or_path"] = base_model_name_or_path or peft.get(
         "base_model_name_or_path"
     )
-    _write(directory, config, tensors)
+    write(directory, config, tensors)
 
 
 def _site_factors(site: Site, parts, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +132,6 @@ def _site_factors(site: Site, parts, rank: int) -> tuple[np.ndarray, np.ndarray]
     are `parts`: for each part (`M` blocks, see `heads`) `M * rank` rows of
     `lora_A` and a block-diagonal `lora_B` (rows of other parts stay zero).
     A plain projection has `R = rank` and the factors `A.T`, `B.T`."""
-    from keras_transformers.convert.common import fetch
-
     out, width = site.shape
     blocks = [heads(layer, width) for layer, *_ in parts]
     total = sum(blocks) * rank
@@ -288,235 +148,14 @@ def _site_factors(site: Site, parts, rank: int) -> tuple[np.ndarray, np.ndarray]
     return a, b
 
 
-def _patterns(ranks: dict[str, int], rank: int) -> dict[str, int]:
-    """PEFT's `rank_pattern` for module ranks other than `rank`: keyed by
-    the module's last name (`q_proj`) where all its modules agree, else by
-    full name."""
-    by_name: dict[str, set] = {}
-    for module, r in ranks.items():
-        by_name.setdefault(module.rpartition(".")[2], set()).add(r)
-    out = {}
-    for module, r in ranks.items():
-        short = module.rpartition(".")[2]
-        if by_name[short] == {rank}:
-            continue
-        if len(by_name[short]) == 1:
-            out[short] = r
-        else:
-            out[module] = r
-    return out
-
-
-def _plain(value: float):
-    """An integral float as an int (PEFT's `lora_alpha` is typed int)."""
-    return int(value) if float(value).is_integer() else float(value)
-
-
-def _peft_config(model, state, layout, alpha, rslora, ranks, alphas) -> dict:
-    adapted = {id(layer) for layer in state.layers}
-    modules = sorted(
-        {
-            site.module.rpartition(".")[2]
-            for site in layout.values()
-            if any(id(p[0]) in adapted for p in site.parts)
-        }
-    )
-    causal = getattr(model, "backbone", None) is not None
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM" if causal else "FEATURE_EXTRACTION",
-        "r": state.rank,
-        "lora_alpha": _plain(alpha),
-        "target_modules": modules,
-        "use_rslora": rslora,
-        "rank_pattern": ranks,
-        "alpha_pattern": {k: _plain(v) for k, v in alphas.items()},
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "layers_to_transform": None,
-        "layers_pattern": None,
-        "init_lora_weights": True,
-        "inference_mode": True,
-        "base_model_name_or_path": None,
-        "revision": None,
-    }
-
-
-def _write(directory, config: dict, tensors: dict) -> None:
-    from safetensors.numpy import save_file
-
-    with atomic_directory(directory, markers=(CONFIG_FILE,)) as path:
-        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-        (path / CONFIG_FILE).write_text(text)
-        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-
-
-def _scale(alpha: float, rank: int, rslora: bool) -> float:
-    return alpha / (math.sqrt(rank) if rslora else rank)
-
-
 # ----------------------------------------------------------------- loading
-def resolve(handle) -> Path:
-    """The local directory of an adapter: `handle` itself, or the snapshot
-    of an `hf://org/name[@revision]` handle in the Hugging Face cache
-    (offline: the cached snapshot).
-
-    Raises:
-        FileNotFoundError: a file of the adapter is missing (or
-            `keras_transformers.hub.HubAccessError`: the hub cannot be
-            reached and nothing is cached).
-    """
-    directory = _fetch(handle) if hub.is_hub_handle(handle) else Path(handle)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            pickled = (directory / "adapter_model.bin").is_file()
-            hint = (
-                " It holds only adapter_model.bin (a PyTorch pickle), which is "
-                "never unpickled: save the adapter again with `save_pretrained()` "
-                "(safetensors)."
-                if pickled and name == WEIGHTS_FILE
-                else ""
-            )
-            raise FileNotFoundError(
-                f"{handle} is not a PEFT adapter: {name} is missing from "
-                f"{directory}.{hint}"
-            )
-    return directory
-
-
-def _fetch(handle) -> Path:
-    """The snapshot of an adapter repository (`adapter_config.json` and
-    `adapter_model.safetensors` only), through `keras_transformers.hub`."""
-    import huggingface_hub
-
-    repo_id, revision = hub.parse_handle(handle)
-    reason = "HF_HUB_OFFLINE is set"
-    if not huggingface_hub.is_offline_mode():
-        with hub._translated(handle, repo_id, revision):
-            try:
-                folder = huggingface_hub.snapshot_download(
-                    repo_id,
-                    revision=revision,
-                    allow_patterns=[CONFIG_FILE, WEIGHTS_FILE],
-                )
-                return Path(folder)
-            except hub._unreachable_errors() as error:
-                if hub._is_http_error(error, below=500):
-                    raise
-                reason = "the hub could not be reached"
-    cached = huggingface_hub.try_to_load_from_cache(
-        repo_id, CONFIG_FILE, revision=revision
-    )
-    if not isinstance(cached, str):
-        raise hub.HubAccessError(
-            f"{handle}: offline ({reason}) and the adapter {repo_id} (revision "
-            f"{revision or 'main'}) is not in the hub cache at {hub.cache_dir()}. "
-            "Download it once with network access (HF_HUB_OFFLINE unset)."
-        )
-    return Path(cached).parent
-
-
-def read_config(directory: Path) -> dict:
-    """The adapter's `adapter_config.json`, checked: a LoRA adapter whose
-    options we reproduce.
-
-    Raises:
-        ValueError: another PEFT method, or an option we lack (named).
-    """
-    config = read_json_object(
-        directory / CONFIG_FILE, "Adapter config", fix="Save the adapter again."
-    )
-    kind = config.get("peft_type")
-    if kind != "LORA":
-        raise ValueError(
-            f"{directory} holds a {kind} adapter (peft_type={kind!r}); only LoRA "
-            "adapters (peft_type 'LORA') load."
-        )
-    unsupported = [text for key, text in UNSUPPORTED.items() if config.get(key)]
-    if config.get("bias", "none") != "none":
-        unsupported.append(f"bias={config['bias']!r} (trained biases)")
-    if unsupported:
-        raise ValueError(
-            f"The LoRA adapter in {directory} uses {', '.join(unsupported)}, which "
-            "keras_transformers does not support. Train it without those options."
-        )
-    return config
-
-
-def read_factors(directory: Path) -> dict[str, dict[str, np.ndarray]]:
-    """Module name -> `{"lora_A": [r, in], "lora_B": [out, r]}` (float32).
-
-    Raises:
-        ValueError: a tensor that is not a LoRA factor of a Linear, or a
-            module with one factor only (named).
-    """
-    from keras_transformers.convert.checkpoint import _File, _tensor_names
-
-    path = directory / WEIGHTS_FILE
-    file, factors = _File(path), {}
-    for name in _tensor_names(path):
-        match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.(lora_[AB])\.weight", name)
-        if match is None:
-            raise ValueError(
-                f"Adapter tensor {name!r} in {path} is not a LoRA factor of a "
-                "Linear layer (lora_A / lora_B), e.g. of an embedding: not supported."
-            )
-        value = np.array(file.tensor(name), dtype=np.float32)
-        factors.setdefault(match.group(1), {})[match.group(2)] = value
-    file.release()
-    for module, pair in factors.items():
-        if set(pair) != set(FACTORS):
-            raise ValueError(f"Adapter {path} lacks {module}'s lora_A or lora_B.")
-    return factors
-
-
-def _matching_layout(model, modules) -> dict[str, Site]:
-    """The sites of the first layout of the model's family (the default
-    export first) that names every module of `modules`."""
-    backbone = getattr(model, "backbone", model)
-    first = _converter(model, None)
-    others = sorted(
-        (c for c in registry.converters().values() if c.family == backbone.family),
-        key=lambda c: c.export_order,
-    )
-    best, seen = None, set()
-    for converter in [first, *others]:
-        if converter.model_type in seen:
-            continue
-        seen.add(converter.model_type)
-        try:
-            layout = sites(model, converter)
-        except ValueError:  # the layout cannot express this model
-            continue
-        if all(m in layout for m in modules):
-            return layout
-        best = best or layout
-    missing = sorted({m.rpartition(".")[2] for m in modules if m not in (best or {})})
-    have = sorted({m.rpartition(".")[2] for m in best or {}})
-    raise ValueError(
-        f"The adapter adapts module(s) {missing}, which {type(model).__name__} has "
-        f"no LoRA place for (its Linear layers are {have})."
-    )
-
-
-def _pattern(patterns: dict, module: str, default):
-    """PEFT's `rank_pattern` / `alpha_pattern` lookup for `module`."""
-    for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", module):
-            return value
-    return default
-
-
 def load_adapter(model, handle) -> None:
     """Loads a PEFT LoRA adapter (directory or `hf://` handle) onto `model`,
     enabling LoRA first where needed (see the module docstring)."""
     directory = resolve(handle)
     config = read_config(directory)
     factors = read_factors(directory)
-    layout = _matching_layout(model, factors)
+    layout = matching_layout(model, factors)
     rslora = bool(config.get("use_rslora", False))
     alpha, rank = float(config.get("lora_alpha", 8)), int(config.get("r", 8))
     plan = []  # (site, lora_A [r, in], lora_B [out, r], PEFT scale)
@@ -538,11 +177,11 @@ def load_adapter(model, handle) -> None:
                     f"[out, in] = {list(site.shape)} ({what} differs): the adapter "
                     "was trained on another model."
                 )
-        peft_alpha = float(_pattern(config.get("alpha_pattern"), module, alpha))
-        plan.append((site, a, b, _scale(peft_alpha, r, rslora)))
+        peft_alpha = float(pattern(config.get("alpha_pattern"), module, alpha))
+        plan.append((site, a, b, peft_scale(peft_alpha, r, rslora)))
     # Our alpha: PEFT's scale times our rank (its own alpha where that is exact).
     ours = max(rank, _needed(plan))
-    scale = _scale(alpha, rank, rslora)
+    scale = peft_scale(alpha, rank, rslora)
     state = _enabled(
         model, plan, ours, alpha if ours == rank and not rslora else scale * ours
     )
