@@ -233,6 +233,23 @@ def test_mixtral_policy_adds_its_router_loss():
     assert loss > math.log(2) + 1e-4  # DPO's log(2) plus the load-balancing loss
 
 
+# ---------------------------------------------------------------- dropout
+@pytest.mark.parametrize("disable_dropout", [True, False])
+def test_disable_dropout_makes_training_passes_deterministic(disable_dropout):
+    policy = tiny_lm(dropout=0.3, attention_dropout=0.3)
+    dpo = DPOModel(policy, reference="copy", disable_dropout=disable_dropout)
+    data = toy_data(n=2)
+    first, second = (
+        float(to_numpy(dpo.compute_loss(y_pred=dpo(data, training=True))))
+        for _ in range(2)
+    )
+    if disable_dropout:  # the policy equals its copy: the loss is log(2)
+        assert first == second
+        np.testing.assert_allclose(first, math.log(2), rtol=1e-5)
+    else:
+        assert first != second
+
+
 # ----------------------------------------------------------------- errors
 def test_clear_errors():
     policy = tiny_lm()

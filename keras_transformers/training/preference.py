@@ -146,6 +146,13 @@ class DPOModel(keras.Model):
         beta: the strength of the pull towards the reference (> 0).
         label_smoothing: the assumed share of flipped preferences in
             `[0, 0.5)` (conservative DPO); 0: plain DPO.
+        disable_dropout: True (default, as TRL's `DPOTrainer`): set the
+            rate of every Keras dropout layer of `policy` to 0 now, in
+            place (the policy's config keeps its rates, so a saved preset
+            does too; rebuild the policy from it for dropout again).
+            Dropout would make the policy's log-probabilities noisy and
+            its first rewards non-zero against an equal reference. The
+            reference always runs without dropout (inference mode).
 
     Call arguments:
         inputs: a dict with the keys of `preference_arrays` (`[B, T]`
@@ -157,8 +164,6 @@ class DPOModel(keras.Model):
 
     Save the trained policy (`policy.save_to_preset`, or
     `save_lora_weights` / `save_adapter` for an adapter), not this wrapper.
-    Dropout in the policy makes its log-probabilities noisy: TRL disables
-    it by default; build the policy with `dropout=0` for the same.
 
     Examples:
         >>> from keras_transformers.models import GPTCausalLM
@@ -175,7 +180,15 @@ class DPOModel(keras.Model):
         Model is Secretly a Reward Model", 2023.
     """
 
-    def __init__(self, policy, reference=None, beta=0.1, label_smoothing=0.0, **kwargs):
+    def __init__(
+        self,
+        policy,
+        reference=None,
+        beta=0.1,
+        label_smoothing=0.0,
+        disable_dropout=True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta <= 0:
             raise ValueError(
@@ -194,6 +207,8 @@ class DPOModel(keras.Model):
         self.policy = policy
         self.reference_mode = reference if isinstance(reference, str) else None
         self.reference = _reference_model(policy, reference)
+        if disable_dropout:
+            _disable_dropout(policy)
         names = ("rewards/chosen", "rewards/rejected", "rewards/accuracies")
         self.chosen_rewards, self.rejected_rewards, self.accuracies = (
             keras.metrics.Mean(name=name) for name in names
@@ -324,6 +339,19 @@ def _reference_model(policy, reference):
         )
     reference.trainable = False
     return reference
+
+
+def _disable_dropout(model):
+    """Sets `rate = 0` on every Keras dropout layer of `model`, in place
+    (their `call` then returns the input, in training too)."""
+    kinds = (
+        keras.layers.Dropout,
+        keras.layers.GaussianDropout,
+        keras.layers.AlphaDropout,
+    )
+    for layer in model._flatten_layers():
+        if isinstance(layer, kinds):
+            layer.rate = 0.0
 
 
 def copy_model(model):
