@@ -134,6 +134,67 @@ def test_causal_lm_adapter_and_merged_preset_reload(tuned, llama_dir):
     assert list(merged.tokenizer.encode("Q: a")) == list(model.tokenizer.encode("Q: a"))
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_causal_lm_chat_jsonl_packed(tmp_path, llama_dir):
+    """Conversations (JSON Lines) trained on their assistant turns, packed:
+    the validation loss (assistant tokens only) falls."""
+    rng = np.random.default_rng(0)
+    words = [w for w in default_text()[:5_000].split() if w.isalpha()]
+    lines = []
+    for n in range(40):
+        question = " ".join(rng.choice(words, 1 + n % 4))
+        turns = [{"role": "user", "content": question}]
+        turns += [{"role": "assistant", "content": "yes"}]
+        record = {"messages": turns} if n % 3 else {"prompt": question, "completion": " yes"}
+        lines.append(json.dumps(record))
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    template = tmp_path / "template.jinja"
+    template.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(data)]
+    argv += ["--chat-template", str(template), "--pack", "--epochs", "3"]
+    argv += ["--batch-size", "4", "--sequence-length", "40", "--learning-rate", "0.01"]
+    model, out = _run(argv + ["--output", str(tmp_path / "chat")])
+    assert "40 chat examples" in out and "packed rows" in out, out
+    assert "loss on the assistant turns" in out
+    match = re.search(r"validation loss ([0-9.]+) -> ([0-9.]+)", out)
+    assert float(match[2]) < float(match[1]), out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant"),
+        ("not json", "chat.jsonl:1 is not JSON"),
+        ('{"text": "hi"}', '"messages" list'),
+        ("", "has no records"),
+    ],
+)
+def test_causal_lm_chat_jsonl_errors(tmp_path, llama_dir, content, message):
+    data = tmp_path / "chat.jsonl"
+    data.write_text(content + "\n", encoding="utf-8")
+    template = tmp_path / "template.jinja"
+    template.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(data)]
+    argv += ["--chat-template", str(template), "--output", str(tmp_path / "out")]
+    with pytest.raises(cli.CLIError, match=message):
+        _run(argv)
+
+
+def test_causal_lm_chat_needs_a_template(tmp_path, llama_dir):
+    data = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    data.write_text(json.dumps({"messages": turns}) + "\n", encoding="utf-8")
+    argv = ["finetune", str(llama_dir), "--task", "causal-lm", "--data", str(data)]
+    with pytest.raises(cli.CLIError, match="chat_template"):
+        _run(argv + ["--output", str(tmp_path / "out")])
+
+
 def _offline_hub(monkeypatch, cache, repos):
     """A Hugging Face hub cache laid out by hand (`models--org--NAME/refs/main`
     and `snapshots/<commit>/`), used offline: `hf://org/NAME` resolves there."""

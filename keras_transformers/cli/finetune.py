@@ -32,7 +32,8 @@ def add_parser(commands) -> None:
             "a CSV file (labels may be strings), reports validation accuracy and "
             "macro-F1, and saves the preset with the label names in "
             f"{LABELS_FILE}. --task causal-lm: LoRA fine-tuning of a decoder "
-            "checkpoint on prompt/completion pairs (CSV) or plain text, reports "
+            "checkpoint on prompt/completion pairs (CSV), plain text, or chat "
+            "examples (.jsonl: conversations trained on the assistant turns), reports "
             "the validation loss before and after, and saves the adapter."
         ),
     )
@@ -43,7 +44,9 @@ def add_parser(commands) -> None:
     )
     p.add_argument("--task", choices=tuple(FINETUNE_DEFAULTS), default="classify")
     p.add_argument(
-        "--data", required=True, help="CSV file with a header row (causal-lm: or text)"
+        "--data",
+        required=True,
+        help="CSV file with a header row (causal-lm: or text, or .jsonl chat examples)",
     )
     p.add_argument("--text-column", default="text", help="default: %(default)s")
     p.add_argument("--label-column", default="label", help="default: %(default)s")
@@ -81,6 +84,15 @@ def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prompt-column", default="prompt", help="default: %(default)s")
     group.add_argument(
         "--completion-column", default="completion", help="default: %(default)s"
+    )
+    group.add_argument(
+        "--chat-template",
+        help="a Jinja file for .jsonl conversations (default: the checkpoint's)",
+    )
+    group.add_argument(
+        "--pack",
+        action="store_true",
+        help="several .jsonl examples per row, each attending to itself only",
     )
     group.add_argument(
         "--merge",

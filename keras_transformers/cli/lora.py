@@ -7,7 +7,14 @@ saved preset) is loaded with its tokenizer, LoRA adapters are added
 * a CSV file of prompt / completion pairs: the loss covers the completion
   tokens (and the end token after them) only, or
 * plain text (a `.txt` file, or a CSV with only a text column): the token
-  stream cut into windows, the loss on every token.
+  stream cut into windows, the loss on every token, or
+* a JSON Lines file of chat examples, TRL's dataset formats: one
+  `{"messages": [...]}` conversation per line, rendered with the
+  checkpoint's chat template (or `--chat-template FILE`) with the loss on
+  the assistant turns, or `{"prompt": ..., "completion": ...}` with the
+  loss on the completion (a prompt may be a list of messages);
+  `--pack` puts several examples in each row
+  (`keras_transformers.data.sft_dataset`).
 
 Validation loss is reported before and after; the adapter goes to
 `--output` as `adapter.lora.npz` with `lora.json` (base checkpoint, rank,
@@ -116,12 +123,15 @@ def answer_losses(model, inputs, labels, weights, batch_size: int = 16, choices=
 
 
 def read_pairs(args: argparse.Namespace) -> tuple:
-    """`("pairs", prompts, completions)` or `("text", text, None)` from --data."""
+    """`("pairs", prompts, completions)`, `("text", text, None)` or
+    `("chat", records, None)` (a `.jsonl` file) from --data."""
     import csv
 
     path = Path(args.data)
     if not path.is_file():
         raise CLIError(f"data file not found: {args.data}")
+    if path.suffix.lower() == ".jsonl":
+        return "chat", read_chat_records(path), None
     if path.suffix.lower() != ".csv":
         return "text", path.read_text(encoding="utf-8", errors="replace"), None
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
@@ -143,6 +153,80 @@ def read_pairs(args: argparse.Namespace) -> tuple:
         f"(prompt / completion pairs) nor {args.text_column!r} (plain text); "
         "its columns: " + (", ".join(repr(c) for c in columns) or "none")
     )
+
+
+def read_chat_records(path: Path) -> list[dict]:
+    """The records of a JSON Lines file, each with `"messages"` or with
+    `"prompt"` and `"completion"` (blank lines skipped)."""
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CLIError(f"{path}:{number} is not JSON: {error.msg}.") from None
+        if not isinstance(record, dict) or not (
+            "messages" in record or {"prompt", "completion"} <= set(record)
+        ):
+            raise CLIError(
+                f'{path}:{number} needs a "messages" list (a conversation) or '
+                '"prompt" and "completion" keys.'
+            )
+        records.append(record)
+    if not records:
+        raise CLIError(f"{path} has no records.")
+    return records
+
+
+def chat_examples(tokenizer, records, chat_template=None) -> list:
+    """`Example`s of `read_chat_records`' records: conversations trained on
+    their assistant turns, prompt / completion pairs on the completion."""
+    from keras_transformers.data import completion_example, conversation_example
+
+    examples = []
+    for number, record in enumerate(records, 1):
+        try:
+            if "messages" in record:
+                example = conversation_example(
+                    tokenizer, record["messages"], chat_template
+                )
+            else:
+                example = completion_example(
+                    tokenizer, record["prompt"], record["completion"], chat_template
+                )
+        except (ValueError, TypeError, KeyError) as error:
+            raise CLIError(f"record {number}: {error}") from None
+        examples.append(example)
+    return examples
+
+
+def _chat_arrays(args, model, records, length: int, pad_id: int) -> tuple:
+    """Training and validation `(x, y, sample_weight)` of chat records (the
+    training rows packed with `--pack`) and a line describing them."""
+    from keras_transformers.data import sft_dataset
+
+    template = None
+    if args.chat_template:
+        template = Path(args.chat_template).read_text(encoding="utf-8")
+    examples = chat_examples(model.tokenizer, records, template)
+    train, val = _split(len(examples), args.validation_fraction, args.seed)
+    try:
+        parts = [
+            sft_dataset([examples[i] for i in rows], length, pack, pad_id)
+            for rows, pack in ((train, args.pack), (val, False))
+        ]
+    except ValueError as error:
+        raise CLIError(str(error)) from None
+    cut = sum(part.num_truncated for part in parts)
+    rows = f"{len(parts[0].y):,} packed rows" if args.pack else f"{len(train):,} rows"
+    line = (
+        f"{len(examples):,} chat examples of up to {length} tokens ({cut} cut); "
+        f"{len(train):,} training in {rows}, {len(val):,} validation; loss on "
+        "the assistant turns."
+    )
+    return [(p.x, p.y, p.sample_weight) for p in parts], line
 
 
 def _load_decoder(handle: str):
@@ -220,21 +304,27 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     model = _load_decoder(args.preset)
     length = min(args.sequence_length, model.config.max_sequence_length - 1)
     pad_id = model.config.pad_token_id or 0
-    if kind == "pairs":
-        rows, starts = encode_pairs(
-            model.tokenizer, data, completions, length, model.config.eos_token_id
-        )
-        x, y, w = pair_arrays(rows, starts, length, pad_id)
+    if kind == "chat":
+        parts, line = _chat_arrays(args, model, data, length, pad_id)
+        (x_train, y_train, w_train), (x_val, y_val, w_val) = parts
+        print(f"Data: {args.data}, {line}")
     else:
-        x, y, w = _text_arrays(model, data, length)
-    train, val = _split(len(y), args.validation_fraction, args.seed)
-    pick = lambda rows: ({k: v[rows] for k, v in x.items()}, y[rows], w[rows])  # noqa: E731
-    (x_train, y_train, w_train), (x_val, y_val, w_val) = pick(train), pick(val)
-    print(
-        f"Data: {args.data}, {len(y):,} {'pairs' if kind == 'pairs' else 'windows'}"
-        f" of up to {length} tokens; {len(train):,} training, {len(val):,} "
-        f"validation; loss on {'the completions' if kind == 'pairs' else 'every token'}."
-    )
+        if kind == "pairs":
+            rows, starts = encode_pairs(
+                model.tokenizer, data, completions, length, model.config.eos_token_id
+            )
+            x, y, w = pair_arrays(rows, starts, length, pad_id)
+        else:
+            x, y, w = _text_arrays(model, data, length)
+        train, val = _split(len(y), args.validation_fraction, args.seed)
+        pick = lambda rows: ({k: v[rows] for k, v in x.items()}, y[rows], w[rows])  # noqa: E731
+        (x_train, y_train, w_train), (x_val, y_val, w_val) = pick(train), pick(val)
+        what = "the completions" if kind == "pairs" else "every token"
+        print(
+            f"Data: {args.data}, {len(y):,} {'pairs' if kind == 'pairs' else 'windows'}"
+            f" of up to {length} tokens; {len(train):,} training, {len(val):,} "
+            f"validation; loss on {what}."
+        )
     keras.utils.set_random_seed(args.seed)
     try:
         model.enable_lora(
@@ -245,7 +335,7 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     except ValueError as error:
         raise CLIError(str(error)) from None
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
-    steps = args.epochs * -(-len(train) // args.batch_size)
+    steps = args.epochs * -(-len(y_train) // args.batch_size)
     model.compile(
         optimizer=optimizer(args, steps),
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
@@ -253,7 +343,7 @@ def finetune_causal_lm(args: argparse.Namespace, **overrides: Any):
     print(
         f"Model: {args.preset} ({type(model).__name__}), {model.count_params():,} "
         f"parameters, {trainable:,} trainable (LoRA rank {args.lora_rank} on "
-        f"{args.lora_target}); {args.epochs} epochs of {len(train):,} examples; "
+        f"{args.lora_target}); {args.epochs} epochs of {len(y_train):,} rows; "
         f"backend: {keras.config.backend()}."
     )
     before = _evaluate(model, x_val, y_val, w_val, args.batch_size)
