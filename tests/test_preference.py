@@ -251,6 +251,26 @@ def test_disable_dropout_makes_training_passes_deterministic(disable_dropout):
 
 
 # ----------------------------------------------------------------- errors
+def test_y_and_sample_weight_are_refused_naming_the_fix():
+    data = toy_data(n=2)
+    dpo = DPOModel(tiny_lm(), reference="copy")
+    dpo.compile(optimizer="sgd")
+    with pytest.raises(ValueError, match="repeat it in the data or leave it out"):
+        dpo.fit(data, sample_weight=np.ones(2), batch_size=2, verbose=0)
+    with pytest.raises(ValueError, match="no `sample_weight`"):
+        dpo.evaluate(data, sample_weight=np.ones(2), batch_size=2, verbose=0)
+    with pytest.raises(ValueError, match="no `sample_weight` or `class_weight`"):
+        dpo.fit(data, class_weight={0: 1.0}, verbose=0)
+    with pytest.raises(ValueError, match="no `sample_weight`"):
+        dpo.fit(data, epochs=1, validation_data=(data, None, np.ones(2)), verbose=0)
+    with pytest.raises(ValueError, match="alone as `x`"):
+        dpo.fit(data, np.zeros(2), batch_size=2, verbose=0)
+    # A dataset's (x, y, sample_weight) batches reach compute_loss.
+    batches = ((data, None, np.ones(2, "float32")) for _ in range(1))
+    with pytest.raises(ValueError, match="repeat it in the data"):
+        dpo.fit(batches, shuffle=False, verbose=0)
+
+
 def test_clear_errors():
     policy = tiny_lm()
     data = toy_data(n=2)

@@ -22,6 +22,8 @@ builds it, are in `keras_transformers.training.preference_data`
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 import numpy as np
 from keras import ops
@@ -227,6 +229,18 @@ class DPOModel(keras.Model):
             )
         super().compile(optimizer=optimizer, **kwargs)
 
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit` on the batch dict alone: no `y`,
+        `sample_weight` or `class_weight` (refused here: Keras would drop
+        the weights of an `x` without `y` silently)."""
+        _refuse_targets_of(keras.Model.fit, self, args, kwargs)
+        return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate` on the batch dict alone (as `fit`)."""
+        _refuse_targets_of(keras.Model.evaluate, self, args, kwargs)
+        return super().evaluate(*args, **kwargs)
+
     def make_train_function(self, force=False):
         """Keras' train function; compiled PyTorch and TensorFlow steps as
         for the package's models (`keras_transformers.backend.compiled`)."""
@@ -269,11 +283,7 @@ class DPOModel(keras.Model):
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
         """Mean DPO loss over the batch, plus the policy's `add_loss` terms."""
-        if y is not None or sample_weight is not None:
-            raise ValueError(
-                "DPOModel trains on the batch dict alone; pass no `y` and no "
-                "`sample_weight` to fit() / evaluate()."
-            )
+        _refuse_targets(y, sample_weight)  # from a dataset's (x, y, w) tuples
         chosen, rejected = self._rewards(y_pred)
         logits = chosen - rejected  # beta * ((pc - rc) - (pr - rr))
         losses = -ops.log_sigmoid(logits)
@@ -295,6 +305,35 @@ class DPOModel(keras.Model):
         self.chosen_logps.update_state(ops.cast(y_pred[:, 0], "float32"))
         self.rejected_logps.update_state(ops.cast(y_pred[:, 1], "float32"))
         return super().compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _refuse_targets(y=None, sample_weight=None, class_weight=None):
+    """Raises ValueError naming the fix for a `y` or example weights."""
+    if y is not None:
+        raise ValueError(
+            "DPOModel takes no `y`: pass the dict of `preference_arrays` "
+            "alone as `x` to fit() / evaluate() (a dataset yields the dict "
+            "alone, not an (x, y) pair)."
+        )
+    if sample_weight is not None or class_weight is not None:
+        raise ValueError(
+            "DPOModel does not weigh examples (its loss is the plain mean "
+            "over the batch): pass no `sample_weight` or `class_weight` to "
+            "fit() / evaluate(). To weigh an example more or less, repeat it "
+            "in the data or leave it out."
+        )
+
+
+def _refuse_targets_of(method, model, args, kwargs):
+    """`_refuse_targets` on the arguments of a `fit` / `evaluate` call,
+    `validation_data` included."""
+    bound = inspect.signature(method).bind(model, *args, **kwargs).arguments
+    _refuse_targets(
+        bound.get("y"), bound.get("sample_weight"), bound.get("class_weight")
+    )
+    validation = bound.get("validation_data")
+    if isinstance(validation, tuple):  # (x, y) or (x, y, sample_weight)
+        _refuse_targets(*validation[1:3])
 
 
 # --------------------------------------------------------------- reference
