@@ -1,7 +1,9 @@
 """Training utilities Keras lacks: schedules, Adam/AdamW updating in place
 on PyTorch, the paper's Adam, masked losses and metrics, BLEU, checkpoint
-averaging, throughput / MFU measurement, preference tuning (DPO), and exact resumption of an
-interrupted `fit()` (`BackupAndRestore`).
+averaging, throughput / MFU measurement, preference tuning (DPO),
+contrastive training of sentence embeddings with in-batch negatives
+(`ContrastiveEmbedder`), and exact resumption of an interrupted `fit()`
+(`BackupAndRestore`).
 
 Everything here is backend-agnostic (JAX, TensorFlow, PyTorch), works inside
 compiled `model.fit()`, and is registered for `.keras` serialization under
@@ -19,6 +21,11 @@ from keras_transformers.training.callbacks import (
     ThroughputCallback,
     training_flops_per_token,
 )
+from keras_transformers.training.contrastive import (
+    ContrastiveEmbedder,
+    multiple_negatives_ranking_loss,
+)
+from keras_transformers.training.contrastive_data import contrastive_arrays
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformers.training.metrics import MaskedAccuracy, Perplexity
 from keras_transformers.training.optimizers import (
@@ -45,6 +52,7 @@ __all__ = [
     "BackupAndRestore",
     "BleuScore",
     "CheckpointAveraging",
+    "ContrastiveEmbedder",
     "DPOModel",
     "InverseSquareRootSchedule",
     "MaskedAccuracy",
@@ -55,7 +63,9 @@ __all__ = [
     "ThroughputCallback",
     "WarmupCosineDecay",
     "completion_logps",
+    "contrastive_arrays",
     "corpus_bleu",
+    "multiple_negatives_ranking_loss",
     "precompute_reference_logps",
     "preference_arrays",
     "sentence_bleu",
