@@ -16,7 +16,7 @@ from keras_transformers.data import (
     render_conversation,
     sft_dataset,
 )
-from keras_transformers.generation.chat import special_tokens
+from keras_transformers.generation.chat import GEMMA_CHAT_TEMPLATE, special_tokens
 from keras_transformers.training import MaskedSparseCategoricalCrossentropy
 
 CONVERSATION = [
@@ -33,16 +33,6 @@ CHATML_MARKED = (
     "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>"
     "{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# Gemma's turn layout: "model" turns, the system text opening the first user turn.
-GEMMA_LAYOUT = (
-    "{{ bos_token }}{% set first = '' %}"
-    "{% if messages[0].role == 'system' %}{% set first = messages[0].content + '\n\n' %}"
-    "{% set messages = messages[1:] %}{% endif %}"
-    "{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else m.role %}"
-    "<start_of_turn>{{ role }}\n{{ (first if loop.first else '') + m.content }}"
-    "<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
 
@@ -96,7 +86,9 @@ def test_assistant_mask_equals_transformers(smollm2_dir):
 
 def test_gemma_layout_trains_the_model_turns(gemma3_270m_dir):
     tokenizer = _hf_tokenizer_dir(gemma3_270m_dir)
-    example = conversation_example(tokenizer, CONVERSATION, chat_template=GEMMA_LAYOUT)
+    example = conversation_example(
+        tokenizer, CONVERSATION, chat_template=GEMMA_CHAT_TEMPLATE
+    )
     assert _trained_runs(tokenizer, example) == [
         "It is 4.<end_of_turn>",
         "Six, of course!<end_of_turn>",

@@ -18,6 +18,19 @@ import functools
 import json
 from datetime import datetime
 
+# The turn layout of Gemma's instruction-tuned checkpoints ("user" and
+# "model" turns, a system message opening the first user turn), for a Gemma
+# checkpoint that ships without a chat template (a base model, a GGUF file).
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set first = '' %}"
+    "{% if messages[0].role == 'system' %}{% set first = messages[0].content + '\n\n' %}"
+    "{% set messages = messages[1:] %}{% endif %}"
+    "{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else m.role %}"
+    "<start_of_turn>{{ role }}\n{{ (first if loop.first else '') + m.content }}"
+    "<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
 SPECIAL_TOKENS = (
     "bos_token",
     "eos_token",
