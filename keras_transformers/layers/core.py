@@ -19,8 +19,10 @@ from __future__ import annotations
 import random
 
 import keras
+from keras import ops
 
 from keras_transformers import backend
+from keras_transformers.layers.nf4 import NF4Projection
 from keras_transformers.layers.serializable import serializable
 
 
@@ -39,10 +41,11 @@ def _contracted_axes(equation: str, bias_axes) -> int | None:
     return len(contracted)
 
 
-class _FusedProjection:
+class _FusedProjection(NF4Projection):
     """`call` and `quantize` shared by `Dense` and `EinsumDense`; subclasses
     say how many trailing input axes they contract (`_contracted`, None:
-    Keras' own arithmetic)."""
+    Keras' own arithmetic). Besides Keras' quantization modes, NF4
+    (`quantize_nf4`, see `keras_transformers.layers.nf4`)."""
 
     def call(self, inputs, training=None):
         if self.quantization_mode is not None:  # a direct `layer.call`
@@ -57,6 +60,49 @@ class _FusedProjection:
     def quantize(self, mode=None, type_check=True, config=None):
         """Keras' `quantize` (it refuses subclasses by default)."""
         super().quantize(mode, type_check=False, config=config)
+
+    def quantized_call(self, inputs, training=None):
+        if self.quantization_mode == "nf4":
+            return self._nf4_call(inputs, training=training)
+        return super().quantized_call(inputs, training=training)
+
+    @property
+    def kernel(self):
+        """Keras' `kernel` (int8: the int8 values; int4: unpacked); NF4: the
+        dequantized float kernel. LoRA's update included."""
+        if self.quantization_mode != "nf4":
+            return super().kernel
+        kernel = self.nf4_kernel()
+        if self.lora_enabled:
+            update = ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
+            kernel = kernel + ops.cast(
+                self.lora_alpha / self.lora_rank * update, kernel.dtype
+            )
+        return kernel
+
+    @property
+    def kernel_shape(self) -> tuple:
+        """The float kernel's shape, whatever the storage (packed or not)."""
+        if self.quantization_mode == "nf4":
+            return tuple(self._nf4_shape)
+        if self.quantization_mode == "int4":
+            if hasattr(self, "original_kernel_shape"):  # EinsumDense
+                return tuple(self.original_kernel_shape)
+            return (self._orig_input_dim, self._orig_output_dim)
+        return tuple(int(d) for d in self._kernel.shape)
+
+    @property
+    def variable_serialization_spec(self):
+        spec = dict(super().variable_serialization_spec)
+        spec["nf4"] = ["kernel", "bias", "kernel_absmax"]
+        return spec
+
+    def _get_kernel_with_merged_lora(self):
+        """What Keras saves as the kernel: NF4 codes are saved as they are
+        (LoRA is saved apart, e.g. `save_lora_weights`)."""
+        if self.quantization_mode == "nf4":
+            return self._kernel, None, None
+        return super()._get_kernel_with_merged_lora()
 
 
 @serializable

@@ -15,6 +15,11 @@ from keras_transformers.layers.moe_dispatch import (
     expert_capacity,
     sparse_experts,
 )
+from keras_transformers.layers.moe_quantization import (
+    dequantized_kernel,
+    quantize_experts,
+)
+from keras_transformers.layers.nf4 import BLOCK_SIZE
 from keras_transformers.layers.serializable import serializable
 
 DISPATCH = ("sparse", "dense")
@@ -282,49 +287,36 @@ class SparseMoE(keras.layers.Layer):
         return out + matmul(unit, bias)
 
     def expert_kernel(self, name):
-        """Stacked expert kernel `name` in the compute dtype; int8 kernels are
-        dequantised (`q / scale`, scale `[E, 1, out]`)."""
+        """Stacked expert kernel `name` `[E, in, out]` in the compute dtype;
+        quantized kernels are dequantized (`layers.moe_quantization`)."""
+        if self.quantization_mode is not None:
+            return dequantized_kernel(self, name, self.compute_dtype)
         variable = getattr(self, name)
         kernel = backend.value(variable)
         if variable.dtype != self.compute_dtype:
             kernel = ops.cast(kernel, self.compute_dtype)
-        if self.quantization_mode == "int8":
-            scale = getattr(self, f"{name}_scale")
-            kernel = kernel / ops.cast(scale, self.compute_dtype)
         return kernel
 
     # --------------------------------------------------------- quantization
     def quantize(self, mode=None, type_check=True, config=None):
-        """int8 only: each expert kernel becomes int8 with a per-expert,
-        per-output-channel abs-max scale (`q = round(w * scale)`, Keras'
-        convention), dequantised for the expert matmul so every dispatch
-        path works unchanged. The router stays float32. Other modes raise
-        NotImplementedError (`Model.quantize` warns and keeps them float)."""
-        if mode != "int8":
+        """int8 or int4 experts (per-expert, per-output-channel abs-max;
+        int4 packed two per byte; whatever the config's block size), see
+        `keras_transformers.layers.moe_quantization`. The router stays
+        float32. Other modes raise NotImplementedError (`Model.quantize`
+        warns and keeps them float)."""
+        if mode not in ("int8", "int4"):
             raise NotImplementedError(
-                "SparseMoE experts support quantize('int8') only (with abs-max "
-                f"weights whatever the config); they stay float. Received: mode={mode!r}"
+                "SparseMoE experts support quantize('int8'), quantize('int4') and "
+                f"NF4 (`quantize_nf4`); they stay float. Received: mode={mode!r}"
             )
-        for name in ("expert_gate_up", "expert_down"):
-            q, scale = keras.quantizers.abs_max_quantize(
-                getattr(self, name), axis=1, to_numpy=True
-            )  # q [E, in, out] int8, scale [E, 1, out]
-            delattr(self, name)
-            for key, value in ((name, q), (f"{name}_scale", scale)):
-                weight = self.add_weight(
-                    name=key,
-                    shape=tuple(value.shape),
-                    initializer="zeros",
-                    dtype=keras.backend.standardize_dtype(value.dtype),
-                    trainable=False,
-                )
-                weight.assign(value)
-                setattr(self, key, weight)
-        self._is_quantized = True
-        self.dtype_policy = f"int8_from_{self.dtype_policy.name}"
+        quantize_experts(self, mode)
 
-    def _int8_call(self, *args, **kwargs):
-        return self.call(*args, **kwargs)
+    def quantize_nf4(self, block_size=BLOCK_SIZE):
+        """NF4 experts in blocks of `block_size` inputs (QLoRA's format)."""
+        quantize_experts(self, "nf4", block_size)
+
+    def quantized_call(self, *args, **kwargs):
+        return self.call(*args, **kwargs)  # `expert_kernel` dequantizes
 
     # ----------------------------------------------------------------- call
     def call(self, x, padding_mask=None, training=None, router_input=None):
