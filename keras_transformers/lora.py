@@ -1,4 +1,4 @@
-"""LoRA adapters and int8 quantisation for `ConfiguredModel`s.
+"""LoRA adapters for `ConfiguredModel`s, on float or quantized weights.
 
 LoRA (Hu et al., 2021, https://arxiv.org/abs/2106.09685) uses the
 `enable_lora` of Keras' `Dense` and `EinsumDense`: a targeted layer's kernel
@@ -20,19 +20,18 @@ those trainable weights (and nothing else) to an `.npz` file (no pickle).
 (Keras merges on save), so the preset loads as a plain model with the same
 outputs; keep the adapter apart with `save_lora_weights`.
 
-`quantize("int8")` is Keras' `Model.quantize` (per-output-channel abs-max
-int8 weights, per-token int8 activations) on every `Dense`, `EinsumDense`
-and `TokenEmbedding` (tied or untied LM head), plus `SparseMoE` experts
-(int8 at rest, dequantised for the matmul). Routers, norms and position
-tables stay float. Quantized models cannot be saved as presets (see
-`check_savable`); LoRA and quantization do not stack (merge first).
+QLoRA: on a quantized model (`quantize("int8" | "int4" | "nf4")`, see
+`keras_transformers.quantization`), `enable_lora` adds the same float32
+adapters beside the frozen quantized kernels; the layer computes
+`x @ dequantized(W) + (alpha / rank) * (x @ A) @ B`. `merge_lora` needs
+float kernels (merging into 4-bit weights would re-quantize them): merge
+an adapter into the float model, then quantize.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import warnings
 
 import keras
 import numpy as np
@@ -64,11 +63,10 @@ def projection_layers(model):
     ]
 
 
-def is_quantized(model) -> bool:
-    return any(
-        layer.quantization_mode is not None
-        for layer in model._flatten_layers(include_self=False)
-    )
+def kernel_shape(layer) -> tuple:
+    """The float shape of a projection's kernel, quantized (packed) or not."""
+    shape = getattr(layer, "kernel_shape", None)  # layers.core's projections
+    return tuple(shape) if shape is not None else tuple(layer.kernel.shape)
 
 
 def _check_rank_alpha(rank, alpha):
@@ -93,11 +91,6 @@ def enable_lora(model, rank, target=("query", "value"), alpha=None):
             f"LoRA is already enabled on this model (rank={model._lora_state.rank}). "
             "Call `merge_lora()` first to fold it in, then enable a new adapter."
         )
-    if is_quantized(model):
-        raise ValueError(
-            "`enable_lora()` needs a float model; this one is quantized. Enable "
-            "LoRA (and `merge_lora()`) before `quantize('int8')`."
-        )
     targets = (target,) if isinstance(target, str) else tuple(target)
     layers = projection_layers(model)
     available = sorted({layer.name for layer in layers})
@@ -110,7 +103,7 @@ def enable_lora(model, rank, target=("query", "value"), alpha=None):
         )
     chosen = [layer for layer in layers if layer.name in targets]
     for layer in chosen:
-        shape = tuple(layer.kernel.shape)
+        shape = kernel_shape(layer)
         limit = min(int(np.prod(shape[:-1])), shape[-1])
         if rank > limit:
             raise ValueError(
@@ -168,6 +161,14 @@ def merge_lora(model):
     """Folds `W + (alpha / rank) * A @ B` into each kernel, removes the LoRA
     weights and makes the frozen weights trainable again: a plain model."""
     state = _state(model, "merge_lora()")
+    quantized = [layer for layer in state.layers if layer.quantization_mode]
+    if quantized:
+        raise ValueError(
+            f"`merge_lora()` needs float kernels; {quantized[0].name!r} and others "
+            f"are quantized ({quantized[0].quantization_mode}): merging would re-quantize "
+            "them. Save the adapter (`save_adapter` / `save_lora_weights`), load "
+            "it onto the float model, merge there, then quantize."
+        )
     with few_collections():
         _merge(state)
     for variable in state.frozen:
@@ -269,45 +270,3 @@ def load_lora_weights(model, path):
                     f"{tuple(variable.shape)} in this model. Use the same config."
                 )
             variable.assign(value)
-
-
-# ------------------------------------------------------------- quantization
-def quantize(model, keras_quantize, mode, **kwargs):
-    """`keras.Model.quantize` (`keras_quantize`) plus what it misses here:
-    `SparseMoE` layers that hold sublayers (shared experts), the direct
-    `layer.call` path of PyTorch decoding, and stale compiled functions."""
-    if getattr(model, "_lora_state", None) is not None:
-        raise ValueError(
-            "Call `merge_lora()` before `quantize()`: the LoRA weights would stay "
-            "float and unmerged."
-        )
-    with warnings.catch_warnings(), few_collections():
-        # Keras warns once per norm, dropout or position layer.
-        warnings.filterwarnings("ignore", "Layer .* does not have a `quantize`")
-        keras_quantize(mode, **kwargs)
-    from keras_transformers.layers import SparseMoE
-
-    for layer in model._flatten_layers(include_self=False):
-        missed = isinstance(layer, SparseMoE) and layer.quantization_mode is None
-        if missed and kwargs.get("filters") is None and layer._layers:
-            try:
-                layer.quantize(mode, config=kwargs.get("config"))
-            except NotImplementedError as error:
-                warnings.warn(str(error), stacklevel=3)
-        if isinstance(layer, PROJECTIONS) and layer.quantization_mode is not None:
-            # `call_layer` may run `layer.call` directly (PyTorch decoding);
-            # Keras computes a quantized layer in `quantized_call`.
-            layer.call = layer.quantized_call
-    model._post_quantize(mode)
-    reset_compiled(model)
-
-
-def check_savable(model):
-    """`save_to_preset` writes float presets only: raise for a quantized model."""
-    if is_quantized(model):
-        raise ValueError(
-            "`save_to_preset` cannot save a quantized model: presets hold float "
-            "weights. Save the float model, then quantize after loading: "
-            "`from_preset(directory).quantize('int8')` (int8 quantisation is "
-            "deterministic, so this gives the same model)."
-        )

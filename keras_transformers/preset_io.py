@@ -6,7 +6,8 @@ or saved preset's data, load tokenizer assets, build a given class from a
 config, load saved weights into a model; and writing a preset directory.
 `keras_transformers.loading` puts them together.
 
-A saved preset directory holds `config.json` (class, family, config),
+A saved preset directory holds `config.json` (class, family, config and,
+for a quantized model, each quantized layer's mode),
 `model.weights.h5`, `metadata.json` and, when the model has one, the
 tokenizer's files under `tokenizer/`.
 """
@@ -226,6 +227,11 @@ def _write_preset(model, path: Path, tokenizer) -> None:
     }
     if hasattr(model, "task_config") and model.task_config():
         meta["task"] = model.task_config()
+    from keras_transformers.quantization import spec
+
+    quantized = spec(model)  # each quantized layer's mode, e.g. "nf4/64"
+    if quantized is not None:
+        meta["quantization"] = quantized
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     model.save_weights(str(path / WEIGHTS_FILE))
     if tokenizer is not None:

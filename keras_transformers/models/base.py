@@ -11,7 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformers import backend, loading, lora, preset_io
+from keras_transformers import backend, loading, lora, preset_io, quantization
 from keras_transformers._json import dtype_policy_json
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import prepare_tensorflow_step, train_function
@@ -206,6 +206,13 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
 
     family: str = ""
 
+    def __new__(cls, *args, **kwargs):
+        model = super().__new__(cls, *args, **kwargs)
+        # Keras wraps every `quantize` in a check of the mode against its own
+        # modes, which lack "nf4"; ours checks the mode itself.
+        model.__dict__.pop("quantize", None)
+        return model
+
     def __call__(self, *args, **kwargs):
         """Checks host inputs (lists, text, ids beyond int32) first; see
         `keras_transformers.models.inputs`."""
@@ -243,16 +250,23 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         )
 
     def get_config(self):
-        return {
+        """The config, name and dtype policy; a quantized model adds its
+        layers' quantization (`keras_transformers.quantization.spec`)."""
+        config = {
             "config": self.config.to_dict(),
             "name": self.name,
             "dtype": dtype_policy_json(self.dtype_policy),
         }
+        quantized = quantization.spec(self)
+        return config if quantized is None else {**config, "quantization": quantized}
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        return cls(config=TransformerConfig.from_dict(config.pop("config")), **config)
+        quantized = config.pop("quantization", None)
+        model = cls(config=TransformerConfig.from_dict(config.pop("config")), **config)
+        quantization.restore(model, quantized)
+        return model
 
     @classmethod
     def from_preset(cls, handle, **overrides):
@@ -266,11 +280,12 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
     def save_to_preset(self, directory):
         """Writes config.json, model.weights.h5, metadata.json and the tokenizer
         assets (if any) to `directory`; `from_preset(directory)` restores all.
-        A LoRA model is saved merged (a plain preset); a quantized one raises."""
-        lora.check_savable(self)
+        A LoRA model is saved merged (a plain preset); a quantized one is
+        saved quantized (its modes in config.json), except with LoRA enabled."""
+        quantization.check_savable(self)
         preset_io.save_model(self, directory)
 
-    # ----------------------------------- LoRA and quantization (see lora.py)
+    # ------------------ LoRA and quantization (see lora.py, quantization.py)
     def enable_lora(self, rank, target=("query", "value"), alpha=None):
         """Adds LoRA adapters (kernel + `alpha / rank * A @ B`; alpha defaults
         to rank) to the projections named in `target` ("query", "key",
@@ -311,11 +326,11 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         lora.load_lora_weights(self, path)
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """`keras.Model.quantize` (e.g. "int8"), MoE experts included."""
-        keras_quantize = super().quantize
-        lora.quantize(
-            self, keras_quantize, mode, config=config, filters=filters, **kwargs
-        )
+        """Quantizes the model in place: "int8", "int4" (Keras' own) or "nf4"
+        (QLoRA's 4-bit NormalFloat), MoE experts included; see
+        `keras_transformers.quantization`. `enable_lora` afterwards trains
+        float adapters on the frozen quantized weights (QLoRA)."""
+        quantization.quantize(self, mode, config=config, filters=filters, **kwargs)
 
 
 class TaskModel(ConfiguredModel):
