@@ -45,17 +45,36 @@ class _FusedProjection(NF4Projection):
     """`call` and `quantize` shared by `Dense` and `EinsumDense`; subclasses
     say how many trailing input axes they contract (`_contracted`, None:
     Keras' own arithmetic). Besides Keras' quantization modes, NF4
-    (`quantize_nf4`, see `keras_transformers.layers.nf4`)."""
+    (`quantize_nf4`, see `keras_transformers.layers.nf4`). With LoRA
+    enabled (Keras' `enable_lora`), the update is computed beside the
+    frozen kernel, `x @ W + (alpha / rank) * (x @ A) @ B`, as PEFT does,
+    rather than through Keras' merged kernel `W + (alpha / rank) * A @ B`,
+    which training would keep, with its gradient, for every layer."""
 
     def call(self, inputs, training=None):
         if self.quantization_mode is not None:  # a direct `layer.call`
             return self.quantized_call(inputs, training=training)
+        lora = self.lora_enabled
         x = None
         if self._contracted is not None:
-            x = backend.linear(inputs, self.kernel, self.bias, self._contracted)
-        if x is None:
+            kernel = self._kernel if lora else self.kernel
+            x = backend.linear(inputs, kernel, self.bias, self._contracted)
+        if x is None and not lora:
             return super().call(inputs, training=training)
+        if lora:  # beside the frozen kernel: no merged kernel, nor its gradient
+            x = self._frozen_product(inputs) if x is None else x
+            x = x + self._lora_output(inputs)
         return x if self.activation is None else self.activation(x)
+
+    def _frozen_product(self, inputs):
+        """`inputs` times the kernel (without LoRA's update), plus the bias."""
+        kernel = ops.cast(self._kernel, self.compute_dtype)
+        equation = getattr(self, "equation", None)
+        if equation is None:
+            x = ops.matmul(inputs, kernel)
+        else:
+            x = ops.einsum(equation, inputs, kernel)
+        return x if self.bias is None else x + ops.cast(self.bias, x.dtype)
 
     def quantize(self, mode=None, type_check=True, config=None):
         """Keras' `quantize` (it refuses subclasses by default)."""
@@ -65,6 +84,15 @@ class _FusedProjection(NF4Projection):
         if self.quantization_mode == "nf4":
             return self._nf4_call(inputs, training=training)
         return super().quantized_call(inputs, training=training)
+
+    def enable_lora(
+        self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"
+    ):
+        """Keras' `enable_lora`, on NF4 kernels too."""
+        if self.quantization_mode == "nf4":
+            self._nf4_enable_lora(rank, lora_alpha, a_initializer, b_initializer)
+        else:
+            super().enable_lora(rank, lora_alpha, a_initializer, b_initializer)
 
     @property
     def kernel(self):

@@ -9,7 +9,7 @@ matmul, so every dispatch path runs unchanged:
 - int4: the same in [-8, 7], two values per byte along `in`
   (`keras.quantizers.pack_int4`): `[E, ceil(in / 2), out]`;
 - nf4: QLoRA's NF4 in blocks of `block_size` inputs
-  (`keras_transformers.layers.nf4`): codes `[E, ceil(in / 2), out]` uint8,
+  (`keras_transformers.layers.nf4`): codes `[E, in, ceil(out / 2)]` uint8,
   scales `[E, ceil(in / block_size), out]` float32.
 
 The router stays float32.
@@ -91,11 +91,10 @@ def _quantized(kernel, mode, block_size) -> dict:
 def dequantized_kernel(layer, name: str, dtype):
     """Expert kernel `name` `[E, in, out]` of a quantized `layer` in `dtype`."""
     mode, stored = layer.quantization_mode, backend.value(getattr(layer, name))
-    rows = layer._expert_rows[name]
     if mode == "nf4":
         absmax = backend.value(getattr(layer, name + "_absmax"))
-        return nf4_dequantize(stored, absmax, rows, layer._nf4_block, dtype)
+        return nf4_dequantize(stored, absmax, layer._nf4_block, dtype)
     if mode == "int4":
-        stored = keras.quantizers.unpack_int4(stored, rows, axis=1)
+        stored = keras.quantizers.unpack_int4(stored, layer._expert_rows[name], axis=1)
     scale = ops.cast(backend.value(getattr(layer, name + "_scale")), dtype)
     return ops.cast(stored, dtype) / scale

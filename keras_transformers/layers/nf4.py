@@ -6,8 +6,9 @@ standard normal scaled to [-1, 1], with an exact zero) times the abs-max of
 its block of `block_size` (64) consecutive input features. A kernel
 `[C, O]` (input features `C`, outputs `O`) is stored as
 
-- `kernel`: the codes, two per byte (`keras.quantizers.pack_int4`, dtype
-  uint8, the first row of each pair in the low nibble): `[ceil(C / 2), O]`;
+- `kernel`: the codes, two per byte along the outputs
+  (`keras.quantizers.pack_int4`, dtype uint8, the even column in the low
+  nibble): `[C, ceil(O / 2)]`;
 - `kernel_absmax`: float32 `[ceil(C / block_size), O]`.
 
 That is 4 bits per weight plus 32 / `block_size` (0.5 bits at 64) for the
@@ -19,14 +20,15 @@ the other order and can also quantize the scales, QLoRA's "double
 quantization", which is not done here).
 
 `NF4Projection` gives `Dense` / `EinsumDense` the NF4 storage: the matrix
-product dequantizes the kernel on the fly with `keras.ops` (a lookup of
-the 16 levels times the block scales) and its backward pass recomputes it
-from the codes, so a QLoRA step keeps only the 4-bit codes, never a float
-copy of the kernel (`backend.custom_vjp`).
+product dequantizes the kernel on the fly with `keras.ops` (each byte's two
+levels from a 256-entry table, times the block scales) and its backward
+pass recomputes it from the codes, so a QLoRA step keeps only the 4-bit
+codes, never a float copy of the kernel (`backend.custom_vjp`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import keras
@@ -62,6 +64,10 @@ NF4_LEVELS = np.array(
 # A value closer to a midpoint's upper level than to its lower one rounds up
 # (bitsandbytes' `x > midpoint` decision tree).
 _MIDPOINTS = (NF4_LEVELS[1:] + NF4_LEVELS[:-1]) / 2
+# The two levels of each byte of packed codes: (low nibble, high nibble).
+_PAIRS = np.stack(
+    [NF4_LEVELS[np.arange(256) & 15], NF4_LEVELS[np.arange(256) >> 4]], -1
+)
 
 
 def check_block_size(block_size) -> int:
@@ -98,33 +104,43 @@ def nf4_codes(w, block_size: int = BLOCK_SIZE):
 
 
 def nf4_quantize(w, block_size: int = BLOCK_SIZE):
-    """`w [..., C, O]` -> `(packed uint8 [..., ceil(C / 2), O], absmax
+    """`w [..., C, O]` -> `(packed uint8 [..., C, ceil(O / 2)], absmax
     float32 [..., ceil(C / block_size), O])`: `nf4_codes` with two codes
-    per byte along `C`."""
+    per byte along `O` (`keras.quantizers.pack_int4`: the even column in the
+    low nibble)."""
     codes, absmax = nf4_codes(w, block_size)
-    axis = codes.ndim - 2
-    packed, _, _ = keras.quantizers.pack_int4(codes, axis=axis, dtype="uint8")
+    packed, _, _ = keras.quantizers.pack_int4(codes, axis=codes.ndim - 1, dtype="uint8")
     return ops.convert_to_numpy(packed), absmax
 
 
-def nf4_dequantize(packed, absmax, rows: int, block_size: int, dtype="float32"):
-    """The float kernel `[..., rows, O]` of packed codes `[..., ceil(rows /
-    2), O]` and scales `[..., ceil(rows / block_size), O]` in `dtype`
-    (`keras.ops` only: usable inside a compiled step)."""
-    axis = len(packed.shape) - 2
-    codes = keras.quantizers.unpack_int4(packed, rows, axis=axis, dtype="uint8")
-    levels = ops.convert_to_tensor(NF4_LEVELS, dtype)
-    values = ops.take(levels, ops.cast(codes, "int32"), axis=0)  # [..., rows, O]
-    scales = ops.repeat(ops.cast(absmax, dtype), block_size, axis=axis)
-    return values * scales[..., :rows, :]
+def nf4_dequantize(packed, absmax, block_size: int = BLOCK_SIZE, dtype="float32"):
+    """The float kernel `[..., C, O]` of packed codes `[..., C, ceil(O /
+    2)]` and scales `[..., ceil(C / block_size), O]`, in `dtype`: one
+    lookup of each byte's two levels (`keras.ops` only, so it runs inside a
+    compiled step), times its block's scale."""
+    *lead, rows, half = (int(d) for d in packed.shape)
+    columns = int(absmax.shape[-1])
+    pairs = ops.convert_to_tensor(_PAIRS, dtype)  # [256, 2]: (low, high) levels
+    values = ops.take(pairs, ops.cast(packed, "int32"), axis=0)  # [..., C, O/2, 2]
+    values = ops.reshape(values, (*lead, rows, 2 * half))
+    if 2 * half != columns:
+        values = values[..., :columns]
+    absmax = ops.cast(absmax, dtype)
+    if rows % block_size == 0:  # [..., blocks, block_size, O] * [..., blocks, 1, O]
+        grouped = ops.reshape(values, (*lead, rows // block_size, block_size, columns))
+        return ops.reshape(
+            grouped * ops.expand_dims(absmax, -2), (*lead, rows, columns)
+        )
+    return values * ops.repeat(absmax, block_size, axis=-2)[..., :rows, :]
 
 
+@functools.cache
 def _nf4_matmul(rows: int, block_size: int):
     """`f(x [N, rows], packed, absmax) -> x @ kernel [N, O]` whose backward
     pass dequantizes the kernel again (kept for it: only the codes)."""
 
     def kernel(packed, absmax, dtype):
-        return nf4_dequantize(packed, absmax, rows, block_size, dtype)
+        return nf4_dequantize(packed, absmax, block_size, dtype)
 
     def forward(x, packed, absmax):
         return ops.matmul(x, kernel(packed, absmax, x.dtype)), (packed, absmax)
@@ -201,13 +217,41 @@ class NF4Projection:
         self.kernel_absmax.assign(absmax)
         self.dtype_policy = NF4DTypePolicy(f"nf4/{block_size}", self.dtype_policy.name)
 
+    def _nf4_enable_lora(self, rank, lora_alpha, a_initializer, b_initializer):
+        """Keras' `enable_lora` (`A [..., rank]` over all kernel axes but the
+        last, `B [rank, O_last]`, float32) for an NF4 kernel, read from its
+        stored shape: Keras' own reads `self.kernel`, a dequantization."""
+        if self.lora_enabled:
+            raise ValueError(
+                "lora is already enabled. This can only be done once per layer."
+            )
+        shape = tuple(self._nf4_shape)
+        self._tracker.unlock()
+        try:
+            for name, size, initializer in (
+                ("lora_kernel_a", (*shape[:-1], rank), a_initializer),
+                ("lora_kernel_b", (rank, shape[-1]), b_initializer),
+            ):
+                weight = self.add_weight(
+                    name=name,
+                    shape=size,
+                    initializer=keras.initializers.get(initializer),
+                    dtype="float32",
+                    regularizer=self.kernel_regularizer,
+                )
+                setattr(self, name, weight)
+        finally:
+            self._tracker.lock()
+        self.lora_enabled, self.lora_rank = True, rank
+        self.lora_alpha = lora_alpha if lora_alpha is not None else rank
+
     def _nf4_build(self, shape, block_size):
         rows = math.prod(shape[: self._contracted])
         columns = math.prod(shape[self._contracted :])
         self._nf4_shape, self._nf4_block = shape, block_size
         self._kernel = self.add_weight(
             name="kernel",
-            shape=((rows + 1) // 2, columns),
+            shape=(rows, (columns + 1) // 2),
             initializer="zeros",
             dtype="uint8",
             trainable=False,
@@ -230,11 +274,24 @@ class NF4Projection:
         w = nf4_dequantize(
             backend.value(self._kernel),
             backend.value(self.kernel_absmax),
-            self._nf4_rows(),
             self._nf4_block,
             dtype or self.compute_dtype,
         )
         return ops.reshape(w, self._nf4_shape)
+
+    def _lora_output(self, inputs):
+        """LoRA's update `(alpha / rank) * (x @ A) @ B` -> `[..., O_1..O_m]`
+        (Keras' `A [C_1..C_n, O_1..O_{m-1}, rank]` through the layer's
+        equation, then `B [rank, O_m]`)."""
+        a = ops.cast(self.lora_kernel_a, self.compute_dtype)
+        b = ops.cast(self.lora_kernel_b, self.compute_dtype)
+        equation = getattr(self, "equation", None)
+        low = (
+            ops.matmul(inputs, a)
+            if equation is None
+            else ops.einsum(equation, inputs, a)
+        )
+        return (self.lora_alpha / self.lora_rank) * ops.matmul(low, b)
 
     def _nf4_call(self, inputs, training=None):
         c, rows = self._contracted, self._nf4_rows()
@@ -248,15 +305,7 @@ class NF4Projection:
         )
         x = ops.reshape(x, lead + tuple(self._nf4_shape[c:]))
         if self.lora_enabled:
-            a = ops.cast(self.lora_kernel_a, self.compute_dtype)
-            b = ops.cast(self.lora_kernel_b, self.compute_dtype)
-            equation = getattr(self, "equation", None)
-            low = (
-                ops.matmul(inputs, a)
-                if equation is None
-                else ops.einsum(equation, inputs, a)
-            )
-            x = x + (self.lora_alpha / self.lora_rank) * ops.matmul(low, b)
+            x = x + self._lora_output(inputs)
         if self.bias is not None:
             x = x + ops.cast(self.bias, x.dtype)
         return x if self.activation is None else self.activation(x)
