@@ -94,12 +94,6 @@ def _owner(variable):
     return None
 
 
-def pending(variable) -> bool:
-    """Whether `variable` still waits for its deferred initializer (its
-    storage is uninitialised)."""
-    return _owner(variable) is not None
-
-
 def loaded(variable) -> None:
     """Marks `variable` as written from a checkpoint (no initializer needed)."""
     pending = _owner(variable)

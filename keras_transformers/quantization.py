@@ -33,9 +33,18 @@ import re
 import warnings
 
 import keras
+import numpy as np
 
 from keras_transformers import deferred
-from keras_transformers.layers.nf4 import BLOCK_SIZE, check_block_size
+from keras_transformers.backend.loading import own_memory
+from keras_transformers.layers.nf4 import (
+    BLOCK_SIZE,
+    NF4_LEVELS,
+    check_block_size,
+    nf4_codes,
+    nf4_dequantize,
+    nf4_quantize,
+)
 from keras_transformers.lora import PROJECTIONS, few_collections, reset_compiled
 
 MODES = ("int8", "int4", "nf4")
@@ -45,7 +54,7 @@ class NF4QuantizationConfig(keras.quantizers.QuantizationConfig):
     """The config of `quantize("nf4")`: `block_size` inputs share one
     abs-max scale (QLoRA: 64; a positive even integer).
 
-    Example:
+    Examples:
         >>> NF4QuantizationConfig(block_size=32).mode
         'nf4'
     """
@@ -170,6 +179,9 @@ def _finish(model, mode):
             # Keras computes a quantized layer in `quantized_call`.
             layer.call = layer.quantized_call
     model._post_quantize(mode)
+    # PyTorch: the float weights left (embeddings, norms) stop holding the
+    # checkpoint's file mapping, whose quantized kernels' pages go with it.
+    own_memory(model.weights)
     reset_compiled(model)
 
 
@@ -219,9 +231,7 @@ def spec(model) -> dict | None:
 
 def restore(model, saved: dict | None) -> None:
     """Quantizes `model` (freshly built, before its weights load) as
-    `spec` recorded; nothing for None. Inside
-    `deferred.deferred_initialization`, the float weights it replaces get
-    zeros instead of their initializers.
+    `spec` recorded; nothing for None.
 
     Raises:
         ValueError: `saved` names layers this model does not have.
@@ -236,13 +246,16 @@ def restore(model, saved: dict | None) -> None:
             f"The saved quantization names layers this model lacks: {missing[:3]}. "
             "Load the preset with the class and config it was saved with."
         )
-    with warnings.catch_warnings(), few_collections():
+    with warnings.catch_warnings(), few_collections(), np.errstate(all="ignore"):
+        # Inside `deferred_initialization` these weights are uninitialised
+        # storage: quantizing them gives throwaway values (NumPy's warnings
+        # about NaNs silenced) that the saved weights overwrite, and no
+        # initializer runs for them.
+        warnings.simplefilter("ignore", RuntimeWarning)
         for path, name in wanted.items():
             layer = layers[path]
             for variable in layer.weights:
-                if deferred.pending(variable):  # about to be read and replaced
-                    deferred.loaded(variable)
-                    variable.assign(keras.ops.zeros(variable.shape, variable.dtype))
+                deferred.loaded(variable)
             mode, _, size = name.partition("/")
             if mode == "nf4":
                 layer.quantize_nf4(int(size))
@@ -272,3 +285,18 @@ def check_savable(model) -> None:
             "`load_adapter(...)`, `merge_lora()` and quantize."
         )
     spec(model)
+
+
+__all__ = [
+    "MODES",
+    "NF4_LEVELS",
+    "NF4QuantizationConfig",
+    "check_savable",
+    "is_quantized",
+    "nf4_codes",
+    "nf4_dequantize",
+    "nf4_quantize",
+    "quantize",
+    "restore",
+    "spec",
+]

@@ -225,3 +225,21 @@ def assign_array(variable, value: np.ndarray) -> None:
     array = _host_array(shape, variable.dtype)
     _copy(array.reshape(value.shape), value)
     variable.assign(_tf_adopt(array) if tensorflow else array)
+
+
+def own_memory(variables) -> None:
+    """PyTorch: each CPU variable that is a view of a checkpoint's file
+    mapping (`assign_array` shares it) gets a copy of its own, so the
+    mapping is unmapped once no variable views it, e.g. after quantization
+    replaced most of the weights it held (their pages read while quantizing
+    would otherwise stay resident). Elsewhere variables own their memory:
+    nothing to do."""
+    if keras.config.backend() != "torch":
+        return
+    import torch
+
+    for variable in variables:
+        tensor = variable.value
+        if tensor.device.type == "cpu" and not tensor.untyped_storage().resizable():
+            with torch.no_grad():
+                tensor.data = tensor.data.clone()
