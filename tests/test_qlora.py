@@ -77,17 +77,17 @@ def quantized_layers(model):
 
 # --------------------------------------------------------------- numerics
 def test_nf4_codes_and_dequantization_match_numpy(rng):
-    w = rng.normal(0, 0.05, (130, 6)).astype("float32")  # 3 blocks, the last of 2
+    w = rng.normal(0, 0.05, (130, 7)).astype("float32")  # 3 blocks, the last of 2
     w[64:128, 1] = 0  # a block of zeros: absmax 0, code of 0.0
     codes, want = nf4_reference(w)
     got_codes, absmax = nf4_codes(w)
     np.testing.assert_array_equal(got_codes, codes)
-    assert absmax.shape == (3, 6) and absmax[1, 1] == 0
+    assert absmax.shape == (3, 7) and absmax[1, 1] == 0
     packed, absmax = nf4_quantize(w)
-    assert packed.dtype == np.uint8 and packed.shape == (65, 6)
-    np.testing.assert_array_equal(packed & 15, codes[0::2])  # low nibble first
-    np.testing.assert_array_equal(packed >> 4, codes[1::2])
-    got = nf4_dequantize(keras.ops.convert_to_tensor(packed), absmax, 130, 64)
+    assert packed.dtype == np.uint8 and packed.shape == (130, 4)  # 7 codes: 4 bytes
+    np.testing.assert_array_equal(packed & 15, codes[:, 0::2])  # low nibble first
+    np.testing.assert_array_equal(packed[:, :3] >> 4, codes[:, 1::2])
+    got = nf4_dequantize(keras.ops.convert_to_tensor(packed), absmax, 64)
     np.testing.assert_array_equal(to_numpy(got), want)
     assert np.all(to_numpy(got)[64:128, 1] == 0)
 
@@ -107,7 +107,7 @@ def test_nf4_layer_equals_float_layer_with_reference_kernel(kind, rng):
     assert layer.quantization_mode == "nf4"
     assert layer.dtype_policy.name == "nf4/64_from_float32"
     assert keras.backend.standardize_dtype(layer._kernel.dtype) == "uint8"
-    assert layer._kernel.shape == (65, 6) and layer.kernel_absmax.shape == (3, 6)
+    assert layer._kernel.shape == (130, 3) and layer.kernel_absmax.shape == (3, 6)
     assert not any(v is float_kernel for v in layer.weights)
     assert_close(layer.kernel, want.reshape(kernel.shape), atol=0)
     reference = np.einsum("btd,do->bto", x, want).reshape(to_numpy(layer(x)).shape)
@@ -162,13 +162,15 @@ def test_nf4_model_is_the_float_model_with_dequantized_kernels(ids):
 
 
 @pytest.mark.parametrize("mode", ["int4", "nf4"])
-def test_4bit_model_close_to_float_and_generates(mode, ids):
+def test_4bit_model_close_to_float(mode, ids):
     lm = tiny()
     expected = to_numpy(compiled_forward(lm, ids))
     lm.quantize(mode)
     got = to_numpy(compiled_forward(lm, ids))
     error = np.linalg.norm(got - expected) / np.linalg.norm(expected)
     assert error < 0.15, error
+    if mode == "int4":
+        return  # Keras' int4 decodes as its int8 does (tests/test_lora_quantize.py)
     out = lm.generate(ids[:, :7], max_new_tokens=3, stop_token_ids=None)
     greedy = to_numpy(compiled_forward(lm, out)).argmax(-1)  # the quantized model's own
     assert np.mean(out[:, 7:] == greedy[:, 6:9]) > 0.9
@@ -190,8 +192,9 @@ def test_quantized_model_saves_and_loads_bitwise(preset, mode, ids, tmp_path):
     if preset.startswith("mixtral"):  # 4-bit experts, stored packed
         moe = lm.backbone.blocks[0].feed_forward
         assert moe.quantization_mode == mode
-        e, d, f2 = moe.num_experts, lm.config.hidden_dim, moe.expert_gate_up.shape[-1]
-        assert tuple(moe.expert_gate_up.shape) == (e, d // 2, f2)
+        e, d, f2 = moe.num_experts, lm.config.hidden_dim, 2 * moe.intermediate_dim
+        packed = (e, d, f2 // 2) if mode == "nf4" else (e, d // 2, f2)
+        assert tuple(moe.expert_gate_up.shape) == packed
     expected = to_numpy(compiled_forward(lm, ids))
     preset_dir = os.path.join(tmp_path, "preset")
     lm.save_to_preset(preset_dir)
@@ -208,6 +211,25 @@ def test_quantized_model_saves_and_loads_bitwise(preset, mode, ids, tmp_path):
     np.testing.assert_array_equal(
         to_numpy(compiled_forward(keras.saving.load_model(path), ids)), expected
     )
+
+
+def test_quantized_weights_release_the_checkpoint_file(backend, tmp_path):
+    """PyTorch shares a loaded checkpoint's file mapping with the variables
+    (`backend.loading.assign_array`); after quantizing, the float weights
+    left get their own memory, so the mapping can be unmapped."""
+    if backend != "torch":
+        pytest.skip("only PyTorch variables view the checkpoint file")
+    from keras_transformers.backend.loading import assign_array
+
+    lm = tiny()
+    embeddings = lm.backbone.token_embedding.embeddings
+    array = np.zeros(tuple(embeddings.shape), "float32")  # writable: shared, not copied
+    assign_array(embeddings, array)
+    assert not embeddings.value.untyped_storage().resizable()
+    lm.quantize("nf4")
+    assert all(v.value.untyped_storage().resizable() for v in lm.weights)
+    array[:] = 1  # no longer the embeddings' memory
+    assert float(to_numpy(embeddings).max()) == 0
 
 
 @pytest.mark.parametrize("mode", ["nf4", "int4"])
