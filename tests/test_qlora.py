@@ -92,6 +92,18 @@ def test_nf4_codes_and_dequantization_match_numpy(rng):
     assert np.all(to_numpy(got)[64:128, 1] == 0)
 
 
+def test_lookup_equals_take(rng):
+    from keras_transformers.backend.lookup import lookup
+
+    table = rng.normal(size=(256, 2)).astype("float32")
+    indices = rng.integers(0, 256, size=(5, 3)).astype("int32")
+    expected = to_numpy(keras.ops.take(table, indices, axis=0))  # [5, 3, 2]
+    got = lookup(
+        keras.ops.convert_to_tensor(table), keras.ops.convert_to_tensor(indices)
+    )
+    np.testing.assert_array_equal(to_numpy(got), expected)
+
+
 @pytest.mark.parametrize("kind", ["dense", "einsum"])
 def test_nf4_layer_equals_float_layer_with_reference_kernel(kind, rng):
     if kind == "dense":

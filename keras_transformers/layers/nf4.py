@@ -37,6 +37,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
+from keras_transformers.backend.lookup import lookup
 
 BLOCK_SIZE = 64
 # The 16 NF4 levels of QLoRA (bitsandbytes' `get_4bit_type("nf4")`).
@@ -121,7 +122,7 @@ def nf4_dequantize(packed, absmax, block_size: int = BLOCK_SIZE, dtype="float32"
     *lead, rows, half = (int(d) for d in packed.shape)
     columns = int(absmax.shape[-1])
     pairs = ops.convert_to_tensor(_PAIRS, dtype)  # [256, 2]: (low, high) levels
-    values = ops.take(pairs, ops.cast(packed, "int32"), axis=0)  # [..., C, O/2, 2]
+    values = lookup(pairs, ops.cast(packed, "int32"))  # [..., C, O/2, 2]
     values = ops.reshape(values, (*lead, rows, 2 * half))
     if 2 * half != columns:
         values = values[..., :columns]
