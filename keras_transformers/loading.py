@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keras_transformers import preset_io, quantization, registry, sentence_embedding
+from keras_transformers import preset_io, registry, sentence_embedding
 from keras_transformers.config import TransformerConfig
 
 
@@ -161,6 +161,8 @@ def _saved_model(directory, data: dict, saved_cls, config, dtype, tokenizer):
         model = preset_io.instantiate(
             saved_cls, at_saved, dtype, tokenizer, data.get("task")
         )
+        from keras_transformers import quantization  # imports Keras
+
         quantization.restore(model, data.get("quantization"))  # a quantized save
         preset_io.load_weights(model, weights)
         for variable in model.weights:
