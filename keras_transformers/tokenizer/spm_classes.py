@@ -171,11 +171,18 @@ def build_deberta_v2(model, config, named):
     unk_id = vocab.index(unk) if unk in vocab else model.unk_id
     tokenizer = Tokenizer(Unigram(vocab, unk_id=unk_id, byte_fallback=False))
     steps = [normalizers.Lowercase()] if config.get("do_lower_case") else []
-    steps += [
-        normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "),
-        normalizers.NFC(),
-        normalizers.Strip(left=False, right=True),
-    ]
+    if model.precompiled_charsmap:  # the model's own normalization rules
+        steps += [
+            normalizers.Precompiled(model.precompiled_charsmap),
+            normalizers.Strip(left=False, right=True),
+            normalizers.Replace(Regex(r" {2,}"), " "),
+        ]
+    else:
+        steps += [
+            normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "),
+            normalizers.NFC(),
+            normalizers.Strip(left=False, right=True),
+        ]
     tokenizer.normalizer = normalizers.Sequence(steps)
     add_prefix_space = config.get("add_prefix_space", True)
     pre, tokenizer.decoder = metaspace("always" if add_prefix_space else "first")
