@@ -57,8 +57,9 @@ class _FusedProjection(NF4Projection):
         lora = self.lora_enabled
         x = None
         if self._contracted is not None:
-            kernel = self._kernel if lora else self.kernel
-            x = backend.linear(inputs, kernel, self.bias, self._contracted)
+            # The stored kernel: not quantized here, and LoRA's update is
+            # added apart below.
+            x = backend.linear(inputs, self._kernel, self.bias, self._contracted)
         if x is None and not lora:
             return super().call(inputs, training=training)
         if lora:  # beside the frozen kernel: no merged kernel, nor its gradient
