@@ -143,6 +143,11 @@ def conversation_example(tokenizer, messages, chat_template=None) -> Example:
     the rendered text encoded without adding special tokens."""
     template = _template(tokenizer, chat_template)
     text, spans = render_conversation(messages, template, **special_tokens(tokenizer))
+    return _example(tokenizer, text, spans)
+
+
+def _example(tokenizer, text: str, spans) -> Example:
+    """`text` encoded, trained on the tokens of its character `spans`."""
     ids = [int(t) for t in tokenizer.encode(text)]
     trained = [False] * len(ids)
     for start, end in spans:
@@ -172,11 +177,7 @@ def completion_example(tokenizer, prompt, completion, chat_template=None) -> Exa
     text, spans = render_conversation(
         messages, _template(tokenizer, chat_template), **special_tokens(tokenizer)
     )
-    ids = [int(t) for t in tokenizer.encode(text)]
-    start, end = spans[-1]
-    a = _token_boundary(tokenizer, text, ids, start)
-    z = _token_boundary(tokenizer, text, ids, end) if end < len(text) else len(ids)
-    return Example(ids, [a <= i < z for i in range(len(ids))])
+    return _example(tokenizer, text, spans[-1:])
 
 
 def _template(tokenizer, chat_template):
