@@ -77,8 +77,9 @@ def hf_preset_data(path) -> dict:
         `keras_transformers.convert.roberta`; DistilBERT:
         `keras_transformers.convert.distilbert`); Marian: `Seq2SeqBackbone` for
         `MarianModel` / `BartModel` / `T5Model`, else `Seq2SeqLM`; Mixtral:
-        `MixtralBackbone` for
-        `MixtralModel` (`Qwen2MoeModel`, `Qwen3MoeModel`), else
+        `MixtralBackbone` for `MixtralModel` (`Qwen2MoeModel`,
+        `Qwen3MoeModel`, ...), `MixtralClassifier` for the type's sequence
+        classifier (`MixtralForSequenceClassification`, ...), else
         `MixtralCausalLM`; ViT: `ViTClassifier` for
         `ViTForImageClassification`, else `ViTBackbone` (input
         normalisation from `preprocessor_config.json`, see
@@ -221,8 +222,9 @@ def export_hf(model, directory, model_type=None) -> None:
             `*ForSequenceClassification`) or `GPTBackbone`; a `BertBackbone`,
             `BertMaskedLM`, `BertClassifier` or `BertTokenClassifier`; a
             `Seq2SeqLM` or `Seq2SeqBackbone` (Marian, BART or T5 layout); a
-            `MixtralCausalLM` or `MixtralBackbone`; a `ViTBackbone` or
-            `ViTClassifier`.
+            `MixtralCausalLM`, `MixtralClassifier` (as the type's
+            `*ForSequenceClassification`) or `MixtralBackbone`; a
+            `ViTBackbone` or `ViTClassifier`.
         directory: output directory (created if needed; an existing one
             must be empty or hold a `config.json`).
         model_type: for a GPT-, BERT-, Mixtral- or ViT-family model, the

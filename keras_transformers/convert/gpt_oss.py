@@ -1,7 +1,8 @@
 """Hugging Face gpt-oss (`model_type: "gpt_oss"`) <-> the mixtral family.
 
 `GptOssForCausalLM` loads as `MixtralCausalLM`, `GptOssModel` as
-`MixtralBackbone`. Embeddings, norms and the q / k / v / o projections are
+`MixtralBackbone`, `GptOssForSequenceClassification` as `MixtralClassifier`
+(its `score` head), and each exports back as that class. Embeddings, norms and the q / k / v / o projections are
 Llama's (`keras_transformers.convert.llama`; `attention_bias` -> `use_bias`,
 as the MoE blocks have no dense feed-forward); in addition:
 
@@ -43,7 +44,7 @@ from keras_transformers.convert.common import (
     check_shape,
     fetch,
 )
-from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "gpt_oss"
@@ -149,10 +150,6 @@ def config_from_hf(hf: dict) -> dict:
         ),
     )
     return fields
-
-
-def preset_data(hf: dict) -> dict:
-    return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
 
 
 def _interleaved(x: np.ndarray) -> np.ndarray:
@@ -280,14 +277,6 @@ def hf_config(config) -> dict:
     return hf
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
-    or `MixtralBackbone` (both export as `GptOssForCausalLM`)."""
-    backbone = getattr(model, "backbone", model)
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
-    return hf, export_weights(backbone)
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as gpt_oss: attention sinks."""
@@ -295,18 +284,19 @@ def exports(config) -> bool:
 
 
 CONVERTER = register_converter(
-    Converter(
+    decoder(
         MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
         config_from_hf=config_from_hf,
-        preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
-        export=one_layout(export),
-        family=FAMILY,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
         prefixes=PREFIXES,
         probe=PROBE,
         exports=exports,
         export_order=5,  # the family's default: registry.export_converter
+        family=FAMILY,
     )
 )
 
-__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
+__all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

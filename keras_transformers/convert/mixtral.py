@@ -1,7 +1,10 @@
 """Hugging Face Mixtral (`model_type: "mixtral"`) <-> the mixtral family.
 
 `MixtralForCausalLM` loads as `MixtralCausalLM`, `MixtralModel` as
-`MixtralBackbone`. Attention, norms, embeddings and rotary positions are
+`MixtralBackbone`, `MixtralForSequenceClassification` as `MixtralClassifier`
+(its `score` head, `num_classes` from `id2label`; see
+`keras_transformers.convert.protocol.decoder`), and each exports back as
+that class. Attention, norms, embeddings and rotary positions are
 Llama's (`keras_transformers.convert.llama`); every block's feed-forward is
 a `SparseMoE`. Under `model.layers.{i}.block_sparse_moe.`:
 
@@ -41,7 +44,7 @@ from keras_transformers.convert.common import (
     check_shape,
     fetch,
 )
-from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "mixtral"
@@ -102,19 +105,6 @@ def config_from_hf(hf: dict) -> dict:
     )
     fields["sliding_window"] = hf.get("sliding_window")
     return fields
-
-
-def family_preset_data(hf: dict, base_architecture: str, fields: dict) -> dict:
-    """Preset data of a mixtral-family checkpoint: `MixtralBackbone` for the
-    base model (`architectures == [base_architecture]`), else
-    `MixtralCausalLM`, with config `fields`."""
-    base = set(hf.get("architectures") or ()) == {base_architecture}
-    name = "MixtralBackbone" if base else "MixtralCausalLM"
-    return {"family": FAMILY, "class_name": name, "config": fields}
-
-
-def preset_data(hf: dict) -> dict:
-    return family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
 
 
 def load_routed(moe, checkpoint, name: str, names=EXPERT_NAMES) -> None:
@@ -226,14 +216,6 @@ def export_weights(backbone) -> dict[str, np.ndarray]:
     return llama.export_weights(backbone, feed_forward=_export_experts)
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
-    or `MixtralBackbone` (both export as `MixtralForCausalLM`)."""
-    backbone = getattr(model, "backbone", model)
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
-    return hf, export_weights(backbone)
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as mixtral: any other sparse decoder."""
@@ -241,18 +223,19 @@ def exports(config) -> bool:
 
 
 CONVERTER = register_converter(
-    Converter(
+    decoder(
         MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
         config_from_hf=config_from_hf,
-        preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
-        export=one_layout(export),
-        family=FAMILY,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
         prefixes=PREFIXES,
         probe=PROBE,
         exports=exports,
         export_order=100,  # the family's default: registry.export_converter
+        family=FAMILY,
     )
 )
 
-__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
+__all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

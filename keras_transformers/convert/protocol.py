@@ -41,6 +41,12 @@ from collections.abc import Callable
 from keras_transformers.convert.common import assign, fetch, num_labels
 
 SCORE = "score"  # the sequence classifier's head, in transformers and here
+# family -> the names of its (backbone, causal LM, sequence classifier)
+# classes, for the decoder families `decoder` builds converters of.
+DECODER_CLASSES = {
+    "gpt": ("GPTBackbone", "GPTCausalLM", "GPTClassifier"),
+    "mixtral": ("MixtralBackbone", "MixtralCausalLM", "MixtralClassifier"),
+}
 
 
 def _same_fields(fields: dict, *context) -> dict:
@@ -87,8 +93,9 @@ class Converter:
             (lowest first; see `keras_transformers.registry.export_converter`).
         sequence_classifier: the type's sequence-classification class in
             transformers (e.g. "LlamaForSequenceClassification": its
-            checkpoints load as `GPTClassifier` with their `score` head, and
-            a `GPTClassifier` exports as it); None: the type has none.
+            checkpoints load as the family's classifier, `GPTClassifier` or
+            `MixtralClassifier`, with their `score` head, and such a
+            classifier exports as it); None: the type has none.
     """
 
     model_type: str
@@ -146,15 +153,19 @@ def decoder(
     exports: Callable[..., bool] | None = None,
     export_order: int = 100,
     sequence_classifier: bool = True,
+    family: str = "gpt",
 ) -> Converter:
-    """The converter of a GPT-family decoder type.
+    """The converter of a decoder type of the GPT or the Mixtral family.
 
     Args:
         architectures: `(base model class, causal-LM class)` in
             transformers, e.g. `("LlamaModel", "LlamaForCausalLM")`: a
-            checkpoint of the first loads as `GPTBackbone`, one of the
-            type's sequence classifier (see below) as `GPTClassifier`, any
-            other as `GPTCausalLM`, and exports write the matching one.
+            checkpoint of the first loads as the family's backbone
+            (`GPTBackbone`, `MixtralBackbone`), one of the type's sequence
+            classifier (see below) as its classifier (`GPTClassifier`,
+            `MixtralClassifier`), any other as its causal LM
+            (`GPTCausalLM`, `MixtralCausalLM`), and exports write the
+            matching one.
         hf_config: `(TransformerConfig) -> config.json dict`.
         load_weights: `(backbone, checkpoint, require_head) -> None`.
         export_weights: `(backbone) -> {name: array}` (with `lm_head`
@@ -163,21 +174,23 @@ def decoder(
             classifier, named after the base class (`LlamaModel` ->
             `LlamaForSequenceClassification`): the base model under its
             own prefix plus a bias-free `score` Linear `[num_labels, D]`.
+        family: "gpt" (dense decoders) or "mixtral" (sparse MoE decoders).
         The other arguments are `Converter`'s.
     """
     base, causal = architectures
     classifier = base.removesuffix("Model") + "ForSequenceClassification"
     classifier = classifier if sequence_classifier else None
+    backbone_class, causal_class, classifier_class = DECODER_CLASSES[family]
 
     def preset_data(hf: dict) -> dict:
         names = set(hf.get("architectures") or ())
-        data = {"family": "gpt", "config": config_from_hf(hf)}
+        data = {"family": family, "config": config_from_hf(hf)}
         if names == {base}:
-            return {**data, "class_name": "GPTBackbone"}
+            return {**data, "class_name": backbone_class}
         if classifier in names:
             task = {"num_classes": num_labels(hf), "classifier_dropout": 0.0}
-            return {**data, "class_name": "GPTClassifier", "task": task}
-        return {**data, "class_name": "GPTCausalLM"}
+            return {**data, "class_name": classifier_class, "task": task}
+        return {**data, "class_name": causal_class}
 
     def load(model, checkpoint, hf: dict) -> None:
         backbone = getattr(model, "backbone", model)
@@ -189,17 +202,17 @@ def decoder(
 
     def export(model, model_type: str) -> tuple:
         backbone = getattr(model, "backbone", model)
-        hf = hf_config(backbone.config)
-        tensors = export_weights(backbone)
         head = getattr(model, SCORE, None)
-        if head is None:
-            return {**hf, "architectures": [causal]}, tensors
-        if classifier is None:
+        if head is not None and classifier is None:
             raise ValueError(
                 f"Hugging Face {model_type!r} has no sequence classifier, so "
                 f"{type(model).__name__} cannot be exported as it. Export the "
                 "backbone (`export_hf(model.backbone, ...)`) instead."
             )
+        hf = hf_config(backbone.config)
+        tensors = export_weights(backbone)
+        if head is None:
+            return {**hf, "architectures": [causal]}, tensors
         # The base model's tensors (the probe's prefix), without an LM head.
         prefix = next(k for k in tensors if k.endswith(probe))[: -len(probe)]
         tensors = {k: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -214,7 +227,7 @@ def decoder(
         preset_data=preset_data,
         load_weights=load,
         export=export,
-        family="gpt",
+        family=family,
         prefixes=prefixes,
         probe=probe,
         exports=exports,

@@ -2,7 +2,8 @@
 mixtral family.
 
 `Qwen2MoeForCausalLM` loads as `MixtralCausalLM`, `Qwen2MoeModel` as
-`MixtralBackbone`. Attention is Qwen2's (`keras_transformers.convert.qwen2`:
+`MixtralBackbone`, `Qwen2MoeForSequenceClassification` as `MixtralClassifier`
+(its `score` head), and each exports back as that class. Attention is Qwen2's (`keras_transformers.convert.qwen2`:
 Llama's layout with q / k / v biases, the config's `qkv_bias`, HF
 `qkv_bias`); the routed experts are Mixtral's mapping
 (`keras_transformers.convert.mixtral.load_routed`) under Qwen's names. Under
@@ -43,7 +44,7 @@ import numpy as np
 
 from keras_transformers.convert import llama, mixtral, qwen2
 from keras_transformers.convert.common import export_layer, load_layer
-from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen2_moe"
@@ -142,10 +143,6 @@ def config_from_hf(hf: dict) -> dict:
     return {**fields, "qkv_bias": bool(hf.get("qkv_bias", True)), "moe": moe}
 
 
-def preset_data(hf: dict) -> dict:
-    return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
-
-
 def load_feed_forward(block, checkpoint, name: str) -> None:
     """One block's feed-forward (`name`: `...layers.{i}.`): router, experts
     and the (gated) shared expert of a sparse layer, or a dense MLP."""
@@ -224,14 +221,6 @@ def hf_config(config) -> dict:
     return {**hf, **qwen2.full_attention_keys(config)}
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
-    or `MixtralBackbone` (both export as `Qwen2MoeForCausalLM`)."""
-    backbone = getattr(model, "backbone", model)
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
-    return hf, export_weights(backbone)
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen2_moe: a gated shared expert or query/key/value biases."""
@@ -241,18 +230,19 @@ def exports(config) -> bool:
 
 
 CONVERTER = register_converter(
-    Converter(
+    decoder(
         MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
         config_from_hf=config_from_hf,
-        preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
-        export=one_layout(export),
-        family=FAMILY,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
         prefixes=PREFIXES,
         probe=PROBE,
         exports=exports,
         export_order=20,  # the family's default: registry.export_converter
+        family=FAMILY,
     )
 )
 
-__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
+__all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

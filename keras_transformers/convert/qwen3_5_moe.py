@@ -2,7 +2,9 @@
 model of a `"qwen3_5_moe"` checkpoint) <-> the mixtral family.
 
 `Qwen3_5MoeForCausalLM` loads as `MixtralCausalLM`, `Qwen3_5MoeTextModel`
-as `MixtralBackbone`. The token mixers, norms and config keys are Qwen3.5's
+as `MixtralBackbone`. transformers has no Qwen3.5-MoE sequence classifier: a
+`MixtralClassifier` built on such a checkpoint gets a new `score` head, and
+exporting it is refused (export its backbone). The token mixers, norms and config keys are Qwen3.5's
 (`keras_transformers.convert.qwen3_5`: Gated DeltaNet "linear_attention"
 layers, gated full attention, norms stored as offsets from 1); every
 layer's feed-forward is a sparse MoE with Qwen2-MoE's gated shared expert
@@ -31,7 +33,7 @@ from functools import partial
 import numpy as np
 
 from keras_transformers.convert import mixtral, qwen2_moe, qwen3_5
-from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen3_5_moe_text"
@@ -86,10 +88,6 @@ def config_from_hf(hf: dict) -> dict:
     return {**fields, "moe": moe}
 
 
-def preset_data(hf: dict) -> dict:
-    return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
-
-
 load_weights = partial(
     qwen3_5.load_weights,
     model_type=MODEL_TYPE,
@@ -129,14 +127,6 @@ def hf_config(config) -> dict:
     }
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
-    or `MixtralBackbone` (both export as `Qwen3_5MoeForCausalLM`)."""
-    backbone = getattr(model, "backbone", model)
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
-    return hf, export_weights(backbone)
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen3_5_moe_text: gated attention."""
@@ -154,17 +144,19 @@ def _refuse_wrapper(model, model_type: str) -> tuple:
 
 
 CONVERTER = register_converter(
-    Converter(
+    decoder(
         MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
         config_from_hf=config_from_hf,
-        preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
-        export=one_layout(export),
-        family=FAMILY,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
         prefixes=PREFIXES,
         probe=PROBE,
         exports=exports,
         export_order=2,  # before gpt_oss, qwen3_moe, qwen2_moe and mixtral
+        sequence_classifier=False,  # transformers has none for Qwen3.5-MoE
+        family=FAMILY,
     )
 )
 # The multimodal checkpoint type: its text model loads; exporting it fails.
@@ -174,4 +166,4 @@ WRAPPER = register_converter(
     )
 )
 
-__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
+__all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

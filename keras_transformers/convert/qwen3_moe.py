@@ -1,7 +1,8 @@
 """Hugging Face Qwen3-MoE (`model_type: "qwen3_moe"`) <-> the mixtral family.
 
 `Qwen3MoeForCausalLM` loads as `MixtralCausalLM`, `Qwen3MoeModel` as
-`MixtralBackbone`. Attention is Qwen3's (`keras_transformers.convert.qwen3`:
+`MixtralBackbone`, `Qwen3MoeForSequenceClassification` as `MixtralClassifier`
+(its `score` head), and each exports back as that class. Attention is Qwen3's (`keras_transformers.convert.qwen3`:
 no biases, per-head `q_norm` / `k_norm`, the config's `qk_norm`; `head_dim`
 explicit); the sparse layers are Qwen2-MoE's without the shared expert
 (`keras_transformers.convert.qwen2_moe`: router `mlp.gate`, experts
@@ -17,10 +18,8 @@ from __future__ import annotations
 
 from functools import partial
 
-import numpy as np
-
-from keras_transformers.convert import llama, mixtral, qwen2, qwen2_moe
-from keras_transformers.convert.protocol import Converter, backbone_weights, one_layout
+from keras_transformers.convert import llama, qwen2, qwen2_moe
+from keras_transformers.convert.protocol import decoder
 from keras_transformers.registry import register_converter
 
 MODEL_TYPE = "qwen3_moe"
@@ -72,10 +71,6 @@ def config_from_hf(hf: dict) -> dict:
     return {**fields, "qk_norm": True, "moe": moe}
 
 
-def preset_data(hf: dict) -> dict:
-    return mixtral.family_preset_data(hf, BASE_ARCHITECTURE, config_from_hf(hf))
-
-
 load_weights = partial(qwen2_moe.load_weights, model_type=MODEL_TYPE)
 export_weights = qwen2_moe.export_weights
 
@@ -86,14 +81,6 @@ def hf_config(config) -> dict:
     return {**hf, "attention_bias": False, "use_sliding_window": False}
 
 
-def export(model) -> tuple[dict, dict[str, np.ndarray]]:
-    """(HF config dict with `architectures`, tensors) of a `MixtralCausalLM`
-    or `MixtralBackbone` (both export as `Qwen3MoeForCausalLM`)."""
-    backbone = getattr(model, "backbone", model)
-    hf = {**hf_config(backbone.config), "architectures": [ARCHITECTURE]}
-    return hf, export_weights(backbone)
-
-
 def exports(config) -> bool:
     """Whether a config of this family with no `model_type` asked for
     exports as qwen3_moe: q/k norms."""
@@ -101,18 +88,19 @@ def exports(config) -> bool:
 
 
 CONVERTER = register_converter(
-    Converter(
+    decoder(
         MODEL_TYPE,
+        architectures=(BASE_ARCHITECTURE, ARCHITECTURE),
         config_from_hf=config_from_hf,
-        preset_data=preset_data,
-        load_weights=backbone_weights(load_weights),
-        export=one_layout(export),
-        family=FAMILY,
+        hf_config=hf_config,
+        load_weights=load_weights,
+        export_weights=export_weights,
         prefixes=PREFIXES,
         probe=PROBE,
         exports=exports,
         export_order=10,  # the family's default: registry.export_converter
+        family=FAMILY,
     )
 )
 
-__all__ = ["config_from_hf", "export", "load_weights", "preset_data"]
+__all__ = ["config_from_hf", "export_weights", "hf_config", "load_weights"]

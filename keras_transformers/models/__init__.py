@@ -15,7 +15,11 @@ from keras_transformers.models.bert import (
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone, GPTCausalLM
 from keras_transformers.models.gpt_classifier import GPTClassifier
-from keras_transformers.models.mixtral import MixtralBackbone, MixtralCausalLM
+from keras_transformers.models.mixtral import (
+    MixtralBackbone,
+    MixtralCausalLM,
+    MixtralClassifier,
+)
 from keras_transformers.models.seq2seq import Seq2SeqBackbone, Seq2SeqLM
 from keras_transformers.models.text_embedder import TextEmbedder
 from keras_transformers.models.vit import ViTBackbone, ViTClassifier
@@ -32,6 +36,7 @@ __all__ = [
     "GPTClassifier",
     "MixtralBackbone",
     "MixtralCausalLM",
+    "MixtralClassifier",
     "Seq2SeqBackbone",
     "Seq2SeqLM",
     "TextEmbedder",

@@ -1,13 +1,16 @@
 """Mixtral-like sparse mixture-of-experts decoders: the GPT family's decoder
 (GQA, RoPE, RMSNorm, optional sliding window) with `SparseMoE` feed-forward
-layers. Only config values differ; the blocks are the shared ones."""
+layers. Only config values differ; the blocks and the task heads are the
+shared ones."""
 
 from __future__ import annotations
 
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone
+from keras_transformers.models.gpt_classifier import GPTClassifier
 from keras_transformers.registry import register_model
+from keras_transformers.training.router import RouterMetrics, moe_layers
 
 
 @register_model("backbone")
@@ -63,3 +66,49 @@ class MixtralCausalLM(CausalLM):
     """
 
     backbone_cls = MixtralBackbone
+
+
+@register_model("classifier")
+@serializable
+class MixtralClassifier(GPTClassifier):
+    """Sequence classification on a sparse-MoE decoder: `GPTClassifier`'s
+    head (the hidden state of each row's last real token, optional dropout,
+    a bias-free linear `score`) on a `MixtralBackbone`, as Hugging Face's
+    `MixtralForSequenceClassification`, `Qwen2MoeForSequenceClassification`,
+    `Qwen3MoeForSequenceClassification` and `GptOssForSequenceClassification`.
+
+    Args, call arguments, returns, padding and `compile()`: as
+    `GPTClassifier`.
+
+    Training adds the routers' load-balancing and z-losses (coefficients in
+    `config.moe`) to the classification loss and logs router statistics
+    (`router_aux_loss`, `router_z_loss`, `dropped_tokens`,
+    `expert_load_<e>`), as `MixtralCausalLM` does; inference is unaffected.
+    Set `moe={"router_aux_loss_coef": 0.0}` when building the model to train
+    without the load-balancing term.
+
+    Examples:
+        >>> model = MixtralClassifier.from_preset("mixtral_tiny", num_classes=3)
+        >>> ids = np.array([[5, 6, 7, 0], [5, 6, 7, 8]], "int32")
+        >>> tuple(model({"token_ids": ids, "padding_mask": ids != 0}).shape)
+        (2, 3)
+    """
+
+    backbone_cls = MixtralBackbone
+
+    def __init__(self, backbone=None, **kwargs):
+        super().__init__(backbone, **kwargs)
+        layers = moe_layers(self.backbone)
+        # Mean trackers of the MoE router statistics (see training/router.py).
+        self._router = RouterMetrics(layers) if layers else None
+        self.router_metrics = self._router.metrics if layers else []
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        """The compiled loss plus the routers' `add_loss` terms; also feeds
+        the router statistics to their metrics."""
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        if self._router is not None:
+            self._router.update()
+        return loss
