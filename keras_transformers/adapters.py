@@ -5,12 +5,16 @@
 onto the `transformers` model of the same checkpoint; `load_adapter(model,
 directory_or_hf_handle)` reads such an adapter (one that `peft` made, of any
 rank, alpha, rsLoRA, rank / alpha patterns, any subset of the projections)
-onto our model.
+onto our model. A sequence classifier's adapter (`GPTClassifier`,
+`BertClassifier`) is PEFT's `task_type` `SEQ_CLS`: the LoRA factors plus
+the trained head, whole (`modules_to_save`), as `PeftModel` loads onto the
+`transformers` `*ForSequenceClassification` of the base checkpoint.
 
 Names. A PEFT tensor is named after the `torch.nn.Linear` it adapts; which
 of our projections that Linear is comes from the converter of the model's
 Hugging Face layout (`keras_transformers.convert.peft_layout`). The files
-themselves are read and written by `keras_transformers.convert.peft_files`.
+themselves are read and written by `keras_transformers.convert.peft_files`,
+and a classifier's head by `keras_transformers.convert.peft_heads`.
 
 Factors. Our kernel `[d_1, ..., d_n]` is the matrix `[in, out]` with
 `in = d_1 * ... * d_{n-1}` and `out = d_n`; its Linear weight is the
@@ -35,18 +39,27 @@ from keras_transformers.convert.common import fetch
 from keras_transformers.convert.peft_files import (
     CONFIG_FILE,
     PEFT_PREFIX,
+    SEQ_CLS,
     WEIGHTS_FILE,
     lora_config,
     pattern,
     peft_scale,
     read_config,
     read_factors,
+    read_tensors,
     resolve,
     write,
+)
+from keras_transformers.convert.peft_heads import (
+    assign_head,
+    check_head,
+    head_tensors,
+    task_head,
 )
 from keras_transformers.convert.peft_layout import (
     Site,
     converter_for,
+    exported,
     heads,
     layout_error,
     matching_layout,
@@ -61,6 +74,7 @@ __all__ = [
     "load_adapter",
     "read_config",
     "read_factors",
+    "read_tensors",
     "resolve",
     "save_adapter",
     "sites",
@@ -70,8 +84,9 @@ __all__ = [
 # ------------------------------------------------------------------ saving
 def save_adapter(model, directory, base_model_name_or_path=None, model_type=None):
     """Writes `model`'s LoRA adapter as a PEFT directory (see the module
-    docstring). `model_type` picks the Hugging Face layout to name the
-    tensors after (default: the one `export_hf` writes)."""
+    docstring), with a classifier's trained head. `model_type` picks the
+    Hugging Face layout to name the tensors after (default: the one
+    `export_hf` writes)."""
     state = getattr(model, "_lora_state", None)
     if state is None:
         merged = getattr(model, "_lora_merged", False)
@@ -84,14 +99,9 @@ def save_adapter(model, directory, base_model_name_or_path=None, model_type=None
                 else "Call `enable_lora(rank, target=...)` or `load_adapter()` first."
             )
         )
-    if state.head:
-        raise ValueError(
-            "`save_adapter()` writes LoRA factors only; this model also trains a "
-            "new `classifier` head, which PEFT adapters of causal LMs do not hold. "
-            "Use `save_lora_weights()` for it."
-        )
     converter = converter_for(model, model_type)
-    layout = sites(model, converter)
+    exported_tensors = exported(model, converter)
+    layout = sites(model, converter, exported_tensors)
     owner = {id(layer): site for site in layout.values() for layer, *_ in site.parts}
     unnamed = [layer.path for layer in state.layers if id(layer) not in owner]
     if unnamed:
@@ -100,7 +110,12 @@ def save_adapter(model, directory, base_model_name_or_path=None, model_type=None
     rslora = bool(peft.get("use_rslora", False))
     scale = state.alpha / state.rank
     adapted = {id(layer) for layer in state.layers}
+    task = "CAUSAL_LM" if getattr(model, "backbone", None) is not None else None
     tensors, ranks = {}, {}
+    if task_head(model) is not None:  # a classifier: its head, whole
+        head = head_tensors(model, exported_tensors)
+        tensors.update({PEFT_PREFIX + k: v for k, v in head.items()})
+        task = SEQ_CLS
     for site in layout.values():
         parts = [p for p in site.parts if id(p[0]) in adapted]
         if not parts:
@@ -119,7 +134,8 @@ def save_adapter(model, directory, base_model_name_or_path=None, model_type=None
         scale=scale,
         rslora=rslora,
         ranks=ranks,
-        causal=getattr(model, "backbone", None) is not None,
+        task=task or "FEATURE_EXTRACTION",
+        linears=layout,
     )
     config["base_model_name_or_path"] = base_model_name_or_path or peft.get(
         "base_model_name_or_path"
@@ -151,10 +167,12 @@ def _site_factors(site: Site, parts, rank: int) -> tuple[np.ndarray, np.ndarray]
 # ----------------------------------------------------------------- loading
 def load_adapter(model, handle) -> None:
     """Loads a PEFT LoRA adapter (directory or `hf://` handle) onto `model`,
-    enabling LoRA first where needed (see the module docstring)."""
+    enabling LoRA first where needed (see the module docstring); a
+    classifier's adapter also sets its head."""
     directory = resolve(handle)
     config = read_config(directory)
-    factors = read_factors(directory)
+    factors, head = read_tensors(directory)
+    check_head(model, config.get("task_type"), head, directory)
     layout = matching_layout(model, factors)
     rslora = bool(config.get("use_rslora", False))
     alpha, rank = float(config.get("lora_alpha", 8)), int(config.get("r", 8))
@@ -192,6 +210,8 @@ def load_adapter(model, handle) -> None:
             _assign(
                 layer, a, b[start:stop], scale / (layer.lora_alpha / layer.lora_rank)
             )
+    if head:
+        assign_head(model, head)
     state.peft = {
         "use_rslora": rslora,
         "lora_alpha": alpha if state.rank == rank else None,

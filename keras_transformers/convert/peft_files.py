@@ -5,7 +5,10 @@ A directory holds one LoRA adapter: its config (`r`, `lora_alpha`,
 `use_rslora`, `target_modules`, and `rank_pattern` / `alpha_pattern` for
 modules of another rank or alpha) and, for each adapted Linear `module`,
 the float factors `base_model.model.{module}.lora_A.weight` `[r, in]` and
-`...lora_B.weight` `[out, r]`. An adapter comes from a local directory or
+`...lora_B.weight` `[out, r]`. A classifier's adapter (`task_type`
+`SEQ_CLS`) also holds its trained head whole, as PEFT's `modules_to_save`
+writes it: `base_model.model.score.weight` (a decoder's) or
+`base_model.model.classifier.weight` and `.bias` (BERT's). An adapter comes from a local directory or
 from the Hugging Face hub (`hf://org/name[@revision]`, through its cache).
 Nothing is ever unpickled.
 """
@@ -28,12 +31,14 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 FACTORS = ("lora_A", "lora_B")
+# PEFT's `modules_to_save` of a sequence classifier: its head, trained whole.
+HEAD_MODULES = ("classifier", "score")
+SEQ_CLS = "SEQ_CLS"
 # PEFT options that change what an adapter computes, and what we say of them.
 UNSUPPORTED = {
     "use_dora": "DoRA (weight-decomposed LoRA)",
     "fan_in_fan_out": "fan_in_fan_out (Conv1D layouts such as GPT-2's)",
     "lora_bias": "lora_bias (a bias on lora_B)",
-    "modules_to_save": "modules_to_save (fully trained extra modules)",
     "trainable_token_indices": "trainable_token_indices",
     "layer_replication": "layer_replication",
     "target_parameters": "target_parameters (LoRA on raw parameters, e.g. MoE experts)",
@@ -63,7 +68,14 @@ def write(directory, config: dict, tensors: dict) -> None:
 
 
 def lora_config(
-    *, rank: int, alpha: float, scale: float, rslora: bool, ranks: dict, causal: bool
+    *,
+    rank: int,
+    alpha: float,
+    scale: float,
+    rslora: bool,
+    ranks: dict,
+    task: str,
+    linears=(),
 ) -> dict:
     """A PEFT `LoraConfig` as `adapter_config.json` holds it.
 
@@ -76,7 +88,11 @@ def lora_config(
             last names, e.g. `q_proj`, are `target_modules`); those of
             another rank than `rank` go to `rank_pattern`, with the alpha
             that gives them `scale` in `alpha_pattern`.
-        causal: `task_type` `CAUSAL_LM`, else `FEATURE_EXTRACTION`.
+        linears: the full names of the model's Linear modules: a module
+            whose last name also names one left out (BERT's `dense`) is a
+            target by its full name.
+        task: `task_type`: `CAUSAL_LM`, `FEATURE_EXTRACTION` or `SEQ_CLS`
+            (then `modules_to_save` is PEFT's default, `HEAD_MODULES`).
     """
     rank_pattern = _patterns(ranks, rank)
     alphas = {
@@ -84,10 +100,10 @@ def lora_config(
     }
     return {
         "peft_type": "LORA",
-        "task_type": "CAUSAL_LM" if causal else "FEATURE_EXTRACTION",
+        "task_type": task,
         "r": rank,
         "lora_alpha": _plain(alpha),
-        "target_modules": sorted({m.rpartition(".")[2] for m in ranks}),
+        "target_modules": _targets(ranks, linears),
         "use_rslora": rslora,
         "rank_pattern": rank_pattern,
         "alpha_pattern": {k: _plain(v) for k, v in alphas.items()},
@@ -95,7 +111,7 @@ def lora_config(
         "bias": "none",
         "fan_in_fan_out": False,
         "use_dora": False,
-        "modules_to_save": None,
+        "modules_to_save": list(HEAD_MODULES) if task == SEQ_CLS else None,
         "layers_to_transform": None,
         "layers_pattern": None,
         "init_lora_weights": True,
@@ -103,6 +119,14 @@ def lora_config(
         "base_model_name_or_path": None,
         "revision": None,
     }
+
+
+def _targets(adapted, linears) -> list[str]:
+    """PEFT's `target_modules`: each adapted module's last name, or its
+    full name where a Linear left out has that last name too."""
+    left_out = {m.rpartition(".")[2] for m in linears if m not in adapted}
+    short = {m: m.rpartition(".")[2] for m in adapted}
+    return sorted({s if s not in left_out else m for m, s in short.items()})
 
 
 def _patterns(ranks: dict[str, int], rank: int) -> dict[str, int]:
@@ -207,6 +231,12 @@ def read_config(directory: Path) -> dict:
             "adapters (peft_type 'LORA') load."
         )
     unsupported = [text for key, text in UNSUPPORTED.items() if config.get(key)]
+    extra = [m for m in config.get("modules_to_save") or () if m not in HEAD_MODULES]
+    if extra:
+        unsupported.append(
+            f"modules_to_save {extra} (fully trained modules other than a "
+            f"classifier's head, {list(HEAD_MODULES)})"
+        )
     if config.get("bias", "none") != "none":
         unsupported.append(f"bias={config['bias']!r} (trained biases)")
     if unsupported:
@@ -218,28 +248,42 @@ def read_config(directory: Path) -> dict:
 
 
 def read_factors(directory: Path) -> dict[str, dict[str, np.ndarray]]:
-    """Module name -> `{"lora_A": [r, in], "lora_B": [out, r]}` (float32).
+    """The LoRA factors of `read_tensors` (a trained head's tensors left
+    out)."""
+    return read_tensors(directory)[0]
+
+
+def read_tensors(directory: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """`(factors, head)`: module name -> `{"lora_A": [r, in], "lora_B":
+    [out, r]}`, and the trained head's tensors by name without PEFT's
+    prefix (e.g. `score.weight`; empty for an adapter without one), all
+    float32.
 
     Raises:
-        ValueError: a tensor that is not a LoRA factor of a Linear, or a
-            module with one factor only (named).
+        ValueError: a tensor that is neither a LoRA factor of a Linear nor
+            part of a classifier's head, or a module with one factor only
+            (named).
     """
     path = directory / WEIGHTS_FILE
-    file, factors = _File(path), {}
+    file, factors, head = _File(path), {}, {}
+    heads = "|".join(HEAD_MODULES)
     for name in _tensor_names(path):
+        value = np.array(file.tensor(name), dtype=np.float32)
         match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.(lora_[AB])\.weight", name)
-        if match is None:
+        if match is not None:
+            factors.setdefault(match.group(1), {})[match.group(2)] = value
+        elif re.fullmatch(rf"(?:base_model\.model\.)?(?:{heads})\..+", name):
+            head[name.removeprefix(PEFT_PREFIX)] = value
+        else:
             raise ValueError(
                 f"Adapter tensor {name!r} in {path} is not a LoRA factor of a "
                 "Linear layer (lora_A / lora_B), e.g. of an embedding: not supported."
             )
-        value = np.array(file.tensor(name), dtype=np.float32)
-        factors.setdefault(match.group(1), {})[match.group(2)] = value
     file.release()
     for module, pair in factors.items():
         if set(pair) != set(FACTORS):
             raise ValueError(f"Adapter {path} lacks {module}'s lora_A or lora_B.")
-    return factors
+    return factors, head
 
 
 def pattern(patterns: dict | None, module: str, default):

@@ -8,6 +8,7 @@ kernel under its checkpoint name, and each `Dense` / `EinsumDense` kernel is
 found there by value, as the rows of a `[out, in]` weight (a fused weight,
 such as Phi-3's `qkv_proj`, holds several of our projections, one after the
 other). So every layout a converter exports works, with no per-model code.
+A classifier's trained head: `keras_transformers.convert.peft_heads`.
 """
 
 from __future__ import annotations
@@ -66,14 +67,15 @@ def converter_for(model, model_type: str | None):
     return converter
 
 
-def sites(model, converter) -> dict[str, Site]:
+def sites(model, converter, tensors=None) -> dict[str, Site]:
     """Module name -> `Site` of every projection of `model` that is (part
-    of) a Linear weight in `converter`'s layout.
+    of) a Linear weight in `converter`'s layout (`tensors`: the model's
+    `exported` tensors, when already at hand).
 
     Raises:
         ValueError: the layout cannot express the model (`export`'s error).
     """
-    tensors = _names(model, converter)
+    tensors = exported(model, converter) if tensors is None else tensors
     matrices = {
         k[: -len(".weight")]: v
         for k, v in tensors.items()
@@ -84,7 +86,7 @@ def sites(model, converter) -> dict[str, Site]:
     ambiguous = [layer for layer in layers if len(hits[id(layer)]) > 1]
     if ambiguous:  # equal kernels (e.g. a fresh model): tell them apart by a tag
         with _tagged(ambiguous):
-            tagged = _names(model, converter)
+            tagged = exported(model, converter)
             for layer in ambiguous:
                 hits[id(layer)] = [
                     hit
@@ -147,7 +149,7 @@ def layout_error(model, converter, layers) -> ValueError:
     )
 
 
-def _names(model, converter) -> dict:
+def exported(model, converter) -> dict:
     """The converter's checkpoint names of `model` as PEFT names them: a
     backbone is the Hugging Face base model, without the causal LM's prefix."""
     _, tensors = converter.export(model, converter.model_type)
