@@ -123,7 +123,7 @@ class GPTClassifier(TaskModel):
             unknown = sorted(map(str, set(inputs) - set(INPUT_KEYS)))
             if unknown:
                 raise ValueError(
-                    f"GPTClassifier takes inputs {list(INPUT_KEYS)}. Received "
+                    f"{type(self).__name__} takes inputs {list(INPUT_KEYS)}. Received "
                     f"unknown key(s) {unknown}; pass labels as `y` to `fit()`."
                 )
             token_ids, padding_mask = (
