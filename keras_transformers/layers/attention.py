@@ -12,7 +12,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.layers import kv_sharing, ring_cache
+from keras_transformers.layers import kv_sharing, ring_cache, row_cache
 from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import EinsumDense, RMSNormalization, seeded_dropout
 from keras_transformers.layers.kv_sharing import scale_free_rms
@@ -352,11 +352,23 @@ class MultiHeadAttention(keras.layers.Layer):
         if self_attention and memory is None:
             custom = type(self).process_heads is not MultiHeadAttention.process_heads
             if positions is None and (self.rotary is not None or custom):
-                positions = self._positions(ops.shape(query)[1], offset)
+                positions = (
+                    row_cache.row_positions(offset, ops.shape(query)[1])
+                    if row_cache.is_row_index(offset)
+                    else self._positions(ops.shape(query)[1], offset)
+                )
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
         key_positions = None
-        if cache is not None and cache_index is not None:
+        if cache is not None and row_cache.is_row_index(cache_index):
+            window = self.sliding_window if causal else None
+            k, v, cache, visible = row_cache.update(
+                cache, k, v, cache_index, window, ring=window is not None
+            )
+            if key_padding_mask is not None:
+                visible = ops.logical_and(visible, ops.cast(key_padding_mask, "bool"))
+            key_padding_mask, causal = visible, False  # [B, S]: each row's own
+        elif cache is not None and cache_index is not None:
             if causal and self.sliding_window is not None:
                 window = self.sliding_window
                 k, v, cache, key_positions = ring_cache.update(

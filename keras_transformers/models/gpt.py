@@ -4,7 +4,10 @@ MHA vs GQA, tied vs untied head)."""
 
 from __future__ import annotations
 
+from keras import ops
+
 from keras_transformers.backend import call_layer
+from keras_transformers.layers import row_cache
 from keras_transformers.layers.serializable import serializable
 from keras_transformers.models.base import (
     run_blocks,
@@ -70,6 +73,12 @@ class GPTBackbone(TextBackbone):
 
     def call(self, inputs, cache=None, cache_index=None, training=None):
         if self.segment_memory is not None:  # Transformer-XL
+            if row_cache.is_row_index(cache_index):
+                raise ValueError(
+                    "Transformer-XL memory decodes every row at one position; "
+                    "a `cache_index` per row (continuous batching) needs a "
+                    "model without `memory_length`."
+                )
             if isinstance(inputs, dict) and inputs.get("document_ids") is not None:
                 packed_arguments(self, inputs["token_ids"], inputs["document_ids"])
             return xl_call(self, inputs, cache, cache_index, training)
@@ -80,7 +89,11 @@ class GPTBackbone(TextBackbone):
         packed = {}
         if document_ids is not None and cache is None:
             packed = packed_arguments(self, token_ids, document_ids)
-        start = 0 if cache_index is None else cache_index
+        if cache is not None and row_cache.is_row_index(cache_index):
+            # Rows at different positions (continuous batching): per row.
+            packed = {"positions": row_cache.row_positions(cache_index, 1)}
+            cache_index = ops.cast(cache_index, "int32")
+        start = 0 if cache_index is None or packed else cache_index
         x = self.embed(
             token_ids,
             start_index=start,

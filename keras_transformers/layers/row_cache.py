@@ -1,0 +1,70 @@
+"""KV caches whose rows are at different positions: one decoding step for
+rows that started at different times (continuous batching, see
+`keras_transformers.serving`).
+
+A decoding step normally writes every row at one position, `cache_index`
+(an int or a scalar tensor). With a `[B]` `cache_index`, row `b` writes its
+one new token at position `cache_index[b]` and attends to its own
+positions `0 .. cache_index[b]` (for a causal sliding window, the last
+`sliding_window` of them); rotary and learned positions are per row too
+(`GPTBackbone.call`). A full-length cache keeps position `p` in slot `p`,
+a ring cache (a sliding window's, see `ring_cache`) in slot `p % L`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from keras import ops
+
+from keras_transformers import backend
+
+
+def is_row_index(cache_index) -> bool:
+    """Whether `cache_index` gives each row its own position (`[B]`)."""
+    if cache_index is None or isinstance(cache_index, numbers.Integral):
+        return False
+    return len(getattr(cache_index, "shape", ())) == 1
+
+
+def row_positions(cache_index, length: int):
+    """`[B, T]` int32 positions `cache_index[b] + arange(T)`."""
+    index = ops.cast(cache_index, "int32")
+    return index[:, None] + ops.arange(length, dtype="int32")[None, :]
+
+
+def update(cache, key, value, cache_index, window: int | None, ring: bool):
+    """Writes one new `key`, `value` per row (`[B, 1, K, H]`, row `b` at
+    position `cache_index[b]`) into `cache` (a `(key, value)` pair of
+    `[B, L, K, H]`; a ring of the last `L` positions when `ring`).
+
+    Returns:
+        `(key, value, cache, visible)`: the keys and values to attend to
+        (the updated cache), the cache again, and `visible` `[B, L]` bool:
+        the slots row `b`'s query sees (written, not after its position,
+        within `window` of it when given).
+
+    Raises:
+        ValueError: more than one new token per row.
+    """
+    if key.shape[1] != 1:
+        raise ValueError(
+            "A decoding step with a position per row (`cache_index` of shape [B]) "
+            f"writes one token per row; got {key.shape[1]}. Prefill each row on "
+            "its own (a scalar `cache_index`), then decode."
+        )
+    length = cache[0].shape[1]
+    index = ops.cast(cache_index, "int32")
+    slot = ops.mod(index, length) if ring else index
+    keys = backend.update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
+    values = backend.update_cache_rows(cache[1], value, slot)
+    slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
+    last = index[:, None]  # [B, 1]
+    held = last - ops.mod(last - slots, length) if ring else slots  # [B|1, L]
+    visible = ops.logical_and(held >= 0, held <= last)
+    if window is not None:
+        visible = ops.logical_and(visible, held > last - window)
+    return keys, values, (keys, values), visible
+
+
+__all__ = ["is_row_index", "row_positions", "update"]

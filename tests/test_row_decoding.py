@@ -1,0 +1,100 @@
+"""Decoding steps whose rows are at different positions (a `[B]`
+`cache_index`, as continuous batching runs them): each row's logits equal
+the same row decoded alone, for rotary and learned positions, GQA, sliding
+windows (ring caches shorter than the buffer), sparse MoE and linear
+attention; the errors name the fix."""
+
+import keras
+import numpy as np
+import pytest
+from contracts import assert_close, to_numpy
+
+from keras_transformers import TransformerConfig, from_preset
+from keras_transformers.config import LinearAttentionConfig
+from keras_transformers.models import GPTBackbone, GPTCausalLM
+
+BUFFER = 12
+PROMPTS = ([5, 9, 2], [7, 1, 3, 8, 4, 6, 2], [3])
+
+
+def _linear_attention():
+    layer = dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6)
+    config = TransformerConfig(
+        vocabulary_size=64,
+        num_layers=2,
+        hidden_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_dim=48,
+        position_embedding="rotary",
+        norm_type="rms",
+        activation="silu",
+        gated_feed_forward=True,
+        use_bias=False,
+        layer_types=["linear_attention", "full_attention"],
+        linear_attention=LinearAttentionConfig(**layer),
+    )
+    return GPTCausalLM(GPTBackbone(config))
+
+
+MODELS = {
+    "llama": lambda: from_preset("gpt_llama_tiny"),
+    "gpt2": lambda: from_preset("gpt2_tiny"),
+    "sliding": lambda: from_preset(
+        "gpt_llama_tiny",
+        num_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+    ),
+    "mixtral": lambda: from_preset("mixtral_tiny_sliding"),
+    "linear": _linear_attention,
+}
+
+
+def _stack(caches):
+    return keras.tree.map_structure(
+        lambda *rows: keras.ops.concatenate(rows, axis=0), *caches
+    )
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_rows_at_their_own_positions_decode_as_alone(name):
+    lm = MODELS[name]()
+    rng = np.random.default_rng(0)
+    vocabulary = lm.backbone.config.vocabulary_size
+    steps = rng.integers(1, vocabulary, (3, len(PROMPTS)))  # fed tokens
+    alone, caches = [], []
+    for row, prompt in enumerate(PROMPTS):
+        cache = lm.backbone.init_cache(1, BUFFER)
+        _, cache = lm.call_with_cache(np.array([prompt], "int32"), cache, 0)
+        caches.append(cache)
+        logits = []
+        for k, token in enumerate(steps[:, row]):
+            ids = np.array([[token]], "int32")
+            out, cache = lm.call_with_cache(ids, cache, len(prompt) + k)
+            logits.append(to_numpy(out)[0, 0])
+        alone.append(logits)
+    cache = _stack(caches)
+    for k in range(len(steps)):
+        index = np.array([len(p) + k for p in PROMPTS], "int32")
+        ids = steps[k][:, None].astype("int32")
+        out, cache = lm.call_with_cache(ids, cache, keras.ops.convert_to_tensor(index))
+        for row in range(len(PROMPTS)):
+            assert_close(to_numpy(out)[row, 0], alone[row][k], atol=1e-5)
+
+
+def test_a_row_index_takes_one_token_per_row():
+    lm = from_preset("gpt_llama_tiny")
+    cache = lm.backbone.init_cache(2, BUFFER)
+    index = keras.ops.convert_to_tensor(np.array([0, 3], "int32"))
+    with pytest.raises(ValueError, match="one token per row.*Prefill each row"):
+        lm.call_with_cache(np.ones((2, 2), "int32"), cache, index)
+
+
+def test_transformer_xl_refuses_a_row_index():
+    lm = from_preset("gpt_transfo_xl_tiny")
+    cache = lm.backbone.init_cache(2, BUFFER)
+    index = keras.ops.convert_to_tensor(np.array([0, 3], "int32"))
+    with pytest.raises(ValueError, match="Transformer-XL.*memory_length"):
+        lm.call_with_cache(np.ones((2, 1), "int32"), cache, index)
