@@ -9,7 +9,8 @@ keeps non-ASCII characters and does not escape HTML, loop controls
 (`break`, `continue`), a no-op `{% generation %}` block, and the
 variables `messages`, `add_generation_prompt`, `tools`, `documents` and
 the special tokens (`bos_token`, `eos_token`, ...). Jinja2 is imported on
-first use.
+first use. `check_messages` checks a conversation's shape (roles, text
+content) first, for `chat()` and any other entry point that takes messages.
 """
 
 from __future__ import annotations
@@ -87,6 +88,106 @@ def _compile(template: str):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(template)
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MESSAGE_FORM = "{'role': 'user', 'content': 'Hi'}"
+
+
+def check_messages(messages) -> list[dict]:
+    """Checks a conversation before it meets a chat template; returns it as
+    fresh message dicts, with content given as text parts joined.
+
+    A conversation is one string (a single user message) or a non-empty
+    list of dicts, each with
+
+    - `role`: "system", "developer", "user", "assistant" or "tool";
+    - `content`: a string, or a list of text parts
+      `{"type": "text", "text": "..."}` (as the OpenAI chat API allows),
+      joined with newlines into one string. An assistant message with
+      `tool_calls` may leave `content` out (or None).
+
+    Other keys (`tool_calls`, `tool_call_id`, `name`, ...) pass through to
+    the template unchanged.
+
+    Args:
+        messages: the conversation.
+
+    Returns:
+        A list of new dicts (the input is not modified).
+
+    Raises:
+        ValueError: naming the first bad message's index, what is wrong and
+            the fix.
+        TypeError: `messages` is neither a string nor a list, or one of its
+            messages is not a dict.
+
+    Examples:
+        >>> check_messages("Hi")
+        [{'role': 'user', 'content': 'Hi'}]
+        >>> check_messages([{"role": "user", "content": [
+        ...     {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+        [{'role': 'user', 'content': 'a\\nb'}]
+    """
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    if isinstance(messages, dict) or not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            "`messages` must be a string or a list of message dicts like "
+            f"{MESSAGE_FORM}. Received: {type(messages).__name__}"
+        )
+    if not messages:
+        raise ValueError("`messages` is empty: pass at least one message.")
+    return [_check_message(i, message) for i, message in enumerate(messages)]
+
+
+def _check_message(i: int, message) -> dict:
+    where = f"Message {i}"
+    if not isinstance(message, dict):
+        raise TypeError(
+            f"{where} is a {type(message).__name__}, not a dict: chat messages are "
+            f"dicts like {MESSAGE_FORM}. Received: {message!r}"
+        )
+    role = message.get("role")
+    if role is None:
+        raise ValueError(
+            f"{where} has no 'role'. Add one of {ROLES}, e.g. {MESSAGE_FORM}."
+        )
+    if role not in ROLES:
+        raise ValueError(f"{where} has role {role!r}; the role must be one of {ROLES}.")
+    content = message.get("content")
+    if content is None and role == "assistant" and message.get("tool_calls"):
+        return dict(message)
+    return {**message, "content": _text(where, content)}
+
+
+def _text(where: str, content) -> str:
+    if isinstance(content, str):
+        return content
+    fix = (
+        "Give the content as a string, or as a list of text parts "
+        "[{'type': 'text', 'text': '...'}]"
+    )
+    if content is None:
+        raise ValueError(f"{where} has no 'content' (or content None). {fix}.")
+    if not isinstance(content, (list, tuple)):
+        raise ValueError(
+            f"{where} has content of type {type(content).__name__}. {fix}. "
+            f"Received: {content!r}"
+        )
+    texts = []
+    for j, part in enumerate(content):
+        text = part.get("text") if isinstance(part, dict) else None
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(
+                f"{where}, content part {j} is {kind!r}, not a text part: these "
+                f"models read text only. {fix}."
+            )
+        if not isinstance(text, str):
+            raise ValueError(f"{where}, content part {j} has no string 'text'. {fix}.")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def _plain(messages):
@@ -217,7 +318,7 @@ def chat(
         model: a `CausalLM` whose `tokenizer` has `encode`, `decode` and a
             `chat_template` (or pass `chat_template`).
         messages: a list of `{"role", "content"}` dicts, or one string (a
-            single user message).
+            single user message); checked by `check_messages`.
         max_new_tokens: reply tokens at most (default: as `generate`).
         stream: None; True prints the reply as it is generated; or a
             callable `stream(text)` called with the new text of the reply
@@ -231,8 +332,10 @@ def chat(
         The reply text, without the prompt and without the end token.
 
     Raises:
-        ValueError: no tokenizer, or no chat template.
+        ValueError: a malformed message (see `check_messages`), no
+            tokenizer, or no chat template.
     """
+    messages = check_messages(messages)
     tokenizer, template = _template(model, chat_template)
     prompt = apply_chat_template(template, messages, True, **special_tokens(tokenizer))
     ids = [int(t) for t in tokenizer.encode(prompt)]
