@@ -285,6 +285,15 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         quantization.check_savable(self)
         preset_io.save_model(self, directory)
 
+    def export(self, filepath, format="tf_saved_model", verbose=False, **kwargs):
+        """Keras' `export` with a fixed input signature from the model's
+        input names (`batch_size=`, `sequence_length=`, ...) and clear
+        errors for what cannot export; see
+        `keras_transformers.export.export_model`."""
+        from keras_transformers.export import export_model
+
+        return export_model(self, filepath, format=format, verbose=verbose, **kwargs)
+
     # ------------------ LoRA and quantization (see lora.py, quantization.py)
     def enable_lora(self, rank, target=("query", "value"), alpha=None):
         """Adds LoRA adapters (kernel + `alpha / rank * A @ B`; alpha defaults
