@@ -285,6 +285,17 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         quantization.check_savable(self)
         preset_io.save_model(self, directory)
 
+    def push_to_hub(self, repo_id, format="preset", model_type=None, **kwargs):
+        """Uploads the model to the Hugging Face hub repository `repo_id`
+        ("org/name"), saved to a temporary directory as `format`: "preset"
+        (`save_to_preset`), "hf" (`export_hf`, in `model_type`'s layout if
+        given) or "adapter" (`save_adapter`). `kwargs`: `token`, `private`,
+        `commit_message`, `revision`, `overwrite`; see
+        `keras_transformers.hub_upload.push`. Returns the commit's info."""
+        from keras_transformers.hub_upload import push_model
+
+        return push_model(self, repo_id, format, model_type, **kwargs)
+
     def export(self, filepath, format="tf_saved_model", verbose=False, **kwargs):
         """Keras' `export` with a fixed input signature from the model's
         input names (`batch_size=`, `sequence_length=`, ...) and clear
