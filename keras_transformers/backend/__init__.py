@@ -74,7 +74,7 @@ def direct_calls(layers):
         _DIRECT_CALLS[0] = False
 
 
-def compile_function(fn, variables, direct_calls=False):
+def compile_function(fn, variables, direct_calls=False, donate=()):
     """Compiles `fn(*tensors)` for inference where the backend compiles.
 
     JAX: `jax.jit` of a pure function, with `variables` passed as
@@ -86,7 +86,11 @@ def compile_function(fn, variables, direct_calls=False):
     agree: no autocasting needed), `call_layer` runs `layer.call` directly
     and the fast paths below read each variable's tensor from a snapshot
     taken once per call (weights do not change while decoding) and `memo`
-    keeps per-step values shared by the layers.
+    keeps per-step values shared by the layers. `donate`: positions of
+    arguments whose buffers the result may reuse (JAX's `donate_argnums`;
+    a KV cache passed in and returned, which is then updated in place
+    instead of copied per call; the caller must not read the argument
+    again). Elsewhere it has no effect.
     """
     backend = keras.config.backend()
     if backend == "jax":
@@ -96,7 +100,7 @@ def compile_function(fn, variables, direct_calls=False):
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 return fn(*args)
 
-        jitted = jax.jit(pure)
+        jitted = jax.jit(pure, donate_argnums=tuple(i + 1 for i in donate))
         return lambda *args: jitted([v.value for v in variables], *args)
     if backend == "tensorflow":
         import tensorflow as tf
@@ -435,27 +439,6 @@ def update_cache(cache, update, index):
     update = keras.ops.cast(update, cache.dtype)
     starts = (0, index) + (0,) * (len(cache.shape) - 2)
     return keras.ops.slice_update(cache, starts, update)
-
-
-def update_cache_rows(cache, update, index):
-    """Writes `update [B, 1, ...]` into `cache [B, S, ...]`, row `b` at its
-    own position `index[b]` (`index`: `[B]` int): a decoding step of rows
-    that are at different positions (continuous batching).
-
-    PyTorch without autograd writes in place (`index_put_`); elsewhere a
-    `keras.ops.scatter_update` of one entry per row, which XLA performs in
-    place inside a compiled step whose cache is donated."""
-    if keras.config.backend() == "torch":
-        import torch
-
-        if not torch.is_grad_enabled():
-            rows = torch.arange(cache.shape[0], device=cache.device)
-            position = torch.as_tensor(index, device=cache.device).long()
-            return cache.index_put_((rows, position), update[:, 0].to(cache.dtype))
-    update = keras.ops.cast(update[:, 0], cache.dtype)  # [B, ...]
-    index = keras.ops.cast(index, "int32")
-    rows = keras.ops.arange(keras.ops.shape(index)[0], dtype="int32")
-    return keras.ops.scatter_update(cache, keras.ops.stack([rows, index], -1), update)
 
 
 def tensorflow_module():

@@ -14,6 +14,7 @@ Usage::
     keras-transformers translate runs/en_fr --text "Hello." [--num-beams 4]
     keras-transformers train vit_mnist_28 --output runs/vit [--images DIR_OR_IDX]
     keras-transformers push runs/gpt_mini hf://org/name [--private]
+    keras-transformers serve hf://HuggingFaceTB/SmolLM2-135M-Instruct [--port 8000]
 
 `python -m keras_transformers.cli ...` is the same command. The backend is
 chosen by `KERAS_BACKEND` (jax, tensorflow or torch) as usual for Keras.
@@ -21,7 +22,7 @@ Mistakes the user can fix (an unknown preset, a missing file, a directory
 without a saved preset) print one line and exit with status 2.
 
 One module per sub-command (`presets`, `train`, `finetune`, `generate`,
-`chat`, `translate`, `push`) builds its part of the parser and runs it; the jobs
+`chat`, `translate`, `push`, `serve`) builds its part of the parser and runs it; the jobs
 behind them (`causal_lm`, `bert`, `seq2seq`, `vit`, `classify`, `lora`,
 with `resume` for backups) are imported only when a command runs, so
 building the parser and `--help` import neither Keras nor a backend.
@@ -43,6 +44,7 @@ from keras_transformers.cli import (  # noqa: E402
     generate,
     presets,
     push,
+    serve,
     train,
     translate,
 )
@@ -57,6 +59,7 @@ COMMANDS = {
     "chat": chat,
     "generate": generate,
     "push": push,
+    "serve": serve,
 }
 
 

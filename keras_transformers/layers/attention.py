@@ -16,7 +16,7 @@ from keras_transformers.layers import kv_sharing, ring_cache, row_cache
 from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import EinsumDense, RMSNormalization, seeded_dropout
 from keras_transformers.layers.kv_sharing import scale_free_rms
-from keras_transformers.layers.masks import attention_mask
+from keras_transformers.layers.masks import attention_mask, sliceable_bias
 from keras_transformers.layers.positions import RotaryEmbedding
 from keras_transformers.layers.segment_memory import with_memory
 from keras_transformers.layers.serializable import (
@@ -352,22 +352,16 @@ class MultiHeadAttention(keras.layers.Layer):
         if self_attention and memory is None:
             custom = type(self).process_heads is not MultiHeadAttention.process_heads
             if positions is None and (self.rotary is not None or custom):
-                positions = (
-                    row_cache.row_positions(offset, ops.shape(query)[1])
-                    if row_cache.is_row_index(offset)
-                    else self._positions(ops.shape(query)[1], offset)
-                )
+                positions = self._positions(ops.shape(query)[1], offset)
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
         key_positions = None
         if cache is not None and row_cache.is_row_index(cache_index):
-            window = self.sliding_window if causal else None
-            k, v, cache, visible = row_cache.update(
-                cache, k, v, cache_index, window, ring=window is not None
+            window = causal and self.sliding_window  # None / False: no window
+            k, v, cache, key_padding_mask = row_cache.update(
+                cache, k, v, cache_index, window, key_padding_mask
             )
-            if key_padding_mask is not None:
-                visible = ops.logical_and(visible, ops.cast(key_padding_mask, "bool"))
-            key_padding_mask, causal = visible, False  # [B, S]: each row's own
+            causal = False  # the mask holds each row's own keys
         elif cache is not None and cache_index is not None:
             if causal and self.sliding_window is not None:
                 window = self.sliding_window
@@ -387,7 +381,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     k, v = k[:, :filled], v[:, :filled]
                     if key_padding_mask is not None:
                         key_padding_mask = key_padding_mask[:, :filled]
-                    if _sliceable(attention_bias):
+                    if sliceable_bias(attention_bias):
                         attention_bias = attention_bias[..., :filled]
                     causal = causal and ops.shape(q)[1] > 1
         if memory is not None:
@@ -435,8 +429,10 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @staticmethod
     def _positions(length, offset):
-        """`arange(length) + offset`; shared by the layers of an eager
-        decoding step (`backend.memo`) when the offset is a Python int."""
+        """`arange(length) + offset` (`[B, T]` for a `[B]` offset); shared by the
+        layers of an eager decoding step (`backend.memo`) for an int offset."""
+        if row_cache.is_row_index(offset):
+            return row_cache.row_positions(offset, length)
         compute = lambda: ops.arange(length) + offset  # noqa: E731
         key = ("positions", length, offset)
         return backend.memo(key, compute) if isinstance(offset, int) else compute()
@@ -448,8 +444,3 @@ class MultiHeadAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
         return config
-
-
-def _sliceable(bias):
-    """A bias tensor with a key axis to cut (not a callable, not broadcast)."""
-    return bias is not None and not callable(bias) and bias.shape[-1] != 1

@@ -70,3 +70,9 @@ def attention_mask(
         same = ops.equal(documents[:, None, :, None], documents[:, None, None, :])
         mask = same if mask is None else ops.logical_and(mask, same)
     return mask
+
+
+def sliceable_bias(bias) -> bool:
+    """An attention bias tensor with a key axis to cut (not a callable, not
+    broadcast over keys)."""
+    return bias is not None and not callable(bias) and bias.shape[-1] != 1

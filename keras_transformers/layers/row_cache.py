@@ -17,7 +17,7 @@ import numbers
 
 from keras import ops
 
-from keras_transformers import backend
+from keras_transformers.backend.rows import update_cache_rows
 
 
 def is_row_index(cache_index) -> bool:
@@ -33,16 +33,18 @@ def row_positions(cache_index, length: int):
     return index[:, None] + ops.arange(length, dtype="int32")[None, :]
 
 
-def update(cache, key, value, cache_index, window: int | None, ring: bool):
+def update(cache, key, value, cache_index, window, padding_mask=None):
     """Writes one new `key`, `value` per row (`[B, 1, K, H]`, row `b` at
     position `cache_index[b]`) into `cache` (a `(key, value)` pair of
-    `[B, L, K, H]`; a ring of the last `L` positions when `ring`).
+    `[B, L, K, H]`; with a causal sliding `window` (an int; None or False:
+    none), a ring of the last `L` positions, see `ring_cache`).
 
     Returns:
         `(key, value, cache, visible)`: the keys and values to attend to
         (the updated cache), the cache again, and `visible` `[B, L]` bool:
         the slots row `b`'s query sees (written, not after its position,
-        within `window` of it when given).
+        within `window` of it when given, and True in `padding_mask`
+        `[B, L]` when given).
 
     Raises:
         ValueError: more than one new token per row.
@@ -53,17 +55,19 @@ def update(cache, key, value, cache_index, window: int | None, ring: bool):
             f"writes one token per row; got {key.shape[1]}. Prefill each row on "
             "its own (a scalar `cache_index`), then decode."
         )
-    length = cache[0].shape[1]
+    length, ring = cache[0].shape[1], bool(window)
     index = ops.cast(cache_index, "int32")
     slot = ops.mod(index, length) if ring else index
-    keys = backend.update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
-    values = backend.update_cache_rows(cache[1], value, slot)
+    keys = update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
+    values = update_cache_rows(cache[1], value, slot)
     slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
     last = index[:, None]  # [B, 1]
     held = last - ops.mod(last - slots, length) if ring else slots  # [B|1, L]
     visible = ops.logical_and(held >= 0, held <= last)
-    if window is not None:
+    if ring:
         visible = ops.logical_and(visible, held > last - window)
+    if padding_mask is not None:
+        visible = ops.logical_and(visible, ops.cast(padding_mask, "bool"))
     return keys, values, (keys, values), visible
 
 

@@ -1,0 +1,332 @@
+"""Continuous batching of a causal LM: requests join and leave one running
+batch.
+
+The engine keeps one KV cache of `slots` rows and `max_length` positions
+(`backbone.init_cache`). A request takes a free row: its prompt is
+prefilled on its own (a cache of one row, then written into the batch's
+row), and from then on every decoding step advances all busy rows at once,
+each at its own position (a `[B]` `cache_index`, see
+`keras_transformers.layers.row_cache`). A finished or cancelled request
+frees its row at once; the next waiting one takes it before the next step.
+On JAX and TensorFlow the step is one compiled program (the cache buffer
+donated on JAX, so it is updated in place), prefills one program per
+prompt bucket; PyTorch runs them eagerly without autograd, writing the
+cache in place.
+
+All model calls happen on the engine's own thread; `submit` and `cancel`
+may be called from any thread, and each request reports its text through
+its `on_event` callback, called on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformers import backend
+from keras_transformers.backend.rows import write_row
+from keras_transformers.config.layer_types import recurrent, sliding_windows
+from keras_transformers.serving.text import TextStream
+
+BUCKET = 32  # prompts are prefilled in multiples of this many tokens
+
+
+@dataclass
+class Request:
+    """One completion: prompt ids in, text out through `on_event`.
+
+    Attributes:
+        prompt: the prompt's token ids (at least one).
+        max_tokens: new tokens at most.
+        temperature: 0 decodes greedily; otherwise the logits are divided
+            by it before sampling.
+        top_p: nucleus sampling: the smallest set of tokens whose
+            probability reaches `top_p` (1.0: all).
+        seed: the sampler's seed (None: fresh randomness).
+        stop_ids: token ids that end the reply (not part of its text).
+        stop_strings: strings that end the reply (not part of its text).
+        on_event: `(text, finish_reason)`: new text of the reply, and None
+            until the last call, which gives "stop" (an end token or stop
+            string), "length" (`max_tokens` or the cache's length) or
+            "cancelled".
+    """
+
+    prompt: list
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_ids: frozenset = frozenset()
+    stop_strings: tuple = ()
+    on_event: Callable | None = None
+    tokens: list = field(default_factory=list)
+    finish_reason: str | None = None
+    cancelled: bool = False
+
+
+class Engine:
+    """Serves `model` (a causal LM with a tokenizer) to concurrent requests.
+
+    Args:
+        model: a `GPTCausalLM` / `MixtralCausalLM` (not Transformer-XL).
+        slots: rows of the running batch (requests decoded together).
+        max_length: positions per row: prompt plus reply at most (default:
+            the model's `max_sequence_length`, at most 4,096).
+
+    Raises:
+        ValueError: a model without a tokenizer or without a KV cache.
+    """
+
+    def __init__(self, model, slots: int = 8, max_length: int | None = None):
+        backbone = getattr(model, "backbone", None)
+        if backbone is None or not hasattr(backbone, "init_cache"):
+            raise ValueError(
+                f"{type(model).__name__} is not a causal LM with a KV cache; "
+                "serve a GPTCausalLM or MixtralCausalLM."
+            )
+        if getattr(backbone, "segment_memory", None) is not None:
+            raise ValueError(
+                "Transformer-XL memory decodes every row at one position; "
+                "serve a model without `memory_length`."
+            )
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError("Serving needs the model's tokenizer: load a checkpoint.")
+        config = model.config
+        limit = config.max_sequence_length
+        self.model, self.slots = model, int(slots)
+        self.max_length = int(max_length or min(limit, 4096))
+        if self.slots < 1 or not 2 <= self.max_length <= limit:
+            raise ValueError(
+                f"slots must be >= 1 and max_length in [2, {limit}] "
+                f"(max_sequence_length); got slots={slots}, max_length={max_length}."
+            )
+        # A ring cache or a recurrent state must see real tokens only.
+        self._exact = any(sliding_windows(config)) or recurrent(config)
+        self._cache = backbone.init_cache(self.slots, self.max_length)
+        self._index = np.zeros(self.slots, "int32")  # the position fed next
+        self._feed = np.zeros(self.slots, "int32")  # the token fed there
+        self._pending = [[] for _ in range(self.slots)]  # prompt still to feed
+        self._rows: list = [None] * self.slots
+        self._texts: list = [None] * self.slots
+        self._rngs: list = [None] * self.slots
+        self._waiting: collections.deque = collections.deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._functions()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- public
+    def submit(self, request: Request) -> Request:
+        """Queues `request`; it starts as soon as a row is free.
+
+        Raises:
+            ValueError: an empty prompt, or one with no room for a reply in
+                `max_length`.
+        """
+        if not request.prompt:
+            raise ValueError("The prompt is empty: give at least one token.")
+        if len(request.prompt) >= self.max_length:
+            raise ValueError(
+                f"The prompt has {len(request.prompt)} tokens; this server holds "
+                f"{self.max_length} per request (prompt and reply). Shorten it."
+            )
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("The engine is closed.")
+            self._waiting.append(request)
+            self._wake.notify()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stops `request` (its row is freed before the next step)."""
+        request.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Stops the engine's thread (running requests are cancelled)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=60)
+
+    @property
+    def busy(self) -> int:
+        """Requests decoding now."""
+        return sum(r is not None for r in self._rows)
+
+    # ------------------------------------------------------------- programs
+    def _functions(self):
+        model, length = self.model, self.max_length
+        policy = model.dtype_policy
+        direct = policy.compute_dtype == policy.variable_dtype
+
+        def decode(tokens, cache, index):  # [B, 1], cache, [B] -> [B, V]
+            logits, cache = model.call_with_cache(tokens, cache, index)
+            return ops.cast(logits[:, 0, :], "float32"), cache
+
+        def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
+            cache = model.backbone.init_cache(1, length)
+            hidden, cache = model.backbone(token_ids, cache=cache, cache_index=0)
+            hidden = ops.take(hidden, ops.reshape(last, (1,)), axis=1)
+            logits = model.backbone.logits(hidden)[:, 0, :]
+            return ops.cast(logits, "float32"), cache
+
+        def insert(cache, row, slot):
+            return keras.tree.map_structure(
+                lambda c, r: write_row(c, r, slot), cache, row
+            )
+
+        variables = model.variables
+        compile_ = backend.compile_function
+        self._decode = compile_(decode, variables, direct, donate=(1,))
+        self._prefill = compile_(prefill, variables, direct)
+        self._insert = compile_(insert, [], direct, donate=(0,))
+
+    # ----------------------------------------------------------------- loop
+    def _run(self):
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self.busy:
+                    self._wake.wait()
+                if self._closed:
+                    break
+            try:
+                self._admit()
+                if self.busy:
+                    self._step()
+            except Exception as error:  # a failed step ends the running requests
+                traceback.print_exc()
+                for slot, request in enumerate(self._rows):
+                    if request is not None:
+                        self._finish(slot, f"error: {error}")
+                self._cache = self.model.backbone.init_cache(self.slots, self.max_length)
+        for slot, request in enumerate(self._rows):
+            if request is not None:
+                self._finish(slot, "cancelled")
+
+    def _admit(self):
+        for slot in range(self.slots):
+            if self._rows[slot] is not None:
+                continue
+            with self._wake:
+                request = self._waiting.popleft() if self._waiting else None
+            if request is None:
+                return
+            if request.cancelled:
+                self._report(request, "", "cancelled")
+                continue
+            self._start(slot, request)
+
+    def _start(self, slot: int, request: Request):
+        prompt = [int(t) for t in request.prompt]
+        size = len(prompt)
+        self._rows[slot] = request
+        self._texts[slot] = TextStream(self.model.tokenizer, request.stop_strings)
+        self._rngs[slot] = np.random.default_rng(request.seed)
+        if self._exact:  # a prefix in whole buckets; the rest fed step by step
+            prefix = (size - 1) // BUCKET * BUCKET
+            if prefix:
+                _, row = self._prefill(_ids(prompt[:prefix]), _scalar(prefix - 1))
+            else:
+                row = self.model.backbone.init_cache(1, self.max_length)
+            self._cache = self._insert(self._cache, row, _scalar(slot))
+            self._index[slot], self._feed[slot] = prefix, prompt[prefix]
+            self._pending[slot] = prompt[prefix + 1 :]
+            return
+        padded = min(-(-size // BUCKET) * BUCKET, self.max_length)
+        ids = prompt + [0] * (padded - size)
+        logits, row = self._prefill(_ids(ids), _scalar(size - 1))
+        self._cache = self._insert(self._cache, row, _scalar(slot))
+        self._index[slot] = size
+        self._pending[slot] = []
+        self._advance(slot, np.asarray(logits)[0])
+
+    def _step(self):
+        for slot, request in enumerate(self._rows):
+            if request is not None and request.cancelled:
+                self._finish(slot, "cancelled")
+        if not self.busy:
+            return
+        tokens = ops.convert_to_tensor(self._feed[:, None])
+        index = ops.convert_to_tensor(self._index)
+        logits, self._cache = self._decode(tokens, self._cache, index)
+        logits = np.asarray(ops.convert_to_numpy(logits))
+        for slot, request in enumerate(self._rows):
+            if request is None:
+                continue
+            self._index[slot] += 1
+            if self._pending[slot]:
+                self._feed[slot] = self._pending[slot].pop(0)
+                continue
+            self._advance(slot, logits[slot])
+
+    def _advance(self, slot: int, logits: np.ndarray):
+        """Chooses row `slot`'s next token from its logits `[V]` and reports it."""
+        request = self._rows[slot]
+        token = _choose(logits, request, self._rngs[slot])
+        if token in request.stop_ids:
+            return self._finish(slot, "stop")
+        request.tokens.append(token)
+        text, stopped = self._texts[slot].push(token)
+        if stopped:
+            return self._finish(slot, "stop", text, stopped=True)
+        full = len(request.tokens) >= request.max_tokens
+        if full or self._index[slot] >= self.max_length:
+            return self._finish(slot, "length", text)
+        if text:
+            self._report(request, text, None)
+        self._feed[slot] = token
+
+    def _finish(self, slot: int, reason: str, text: str = "", stopped=False):
+        """Frees row `slot` and reports the rest of its text (what the
+        stream held back, unless a stop string or a cancellation ended it)."""
+        request, stream = self._rows[slot], self._texts[slot]
+        if not stopped and not reason.startswith(("cancelled", "error")):
+            text += stream.flush()
+        self._rows[slot] = self._texts[slot] = self._rngs[slot] = None
+        self._pending[slot] = []
+        self._index[slot] = self._feed[slot] = 0
+        self._report(request, text, reason)
+
+    @staticmethod
+    def _report(request: Request, text: str, reason):
+        if reason is not None:
+            request.finish_reason = reason
+        if request.on_event is not None:
+            request.on_event(text, reason)
+
+
+def _ids(tokens) -> object:
+    return ops.convert_to_tensor(np.asarray([tokens], "int32"))
+
+
+def _scalar(value: int):
+    return ops.convert_to_tensor(value, "int32")
+
+
+def _choose(logits: np.ndarray, request: Request, rng) -> int:
+    """Greedy (temperature 0) or a sample with `temperature` and `top_p`."""
+    if request.temperature <= 0:
+        return int(np.argmax(logits))
+    scaled = logits.astype("float64") / request.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if request.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        keep = np.cumsum(probs[order]) - probs[order] < request.top_p
+        kept = np.zeros_like(probs)
+        kept[order[keep]] = probs[order[keep]]
+        probs = kept / kept.sum()
+    return int(rng.choice(len(probs), p=probs))
+
+
+__all__ = ["BUCKET", "Engine", "Request"]
