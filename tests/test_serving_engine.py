@@ -1,0 +1,151 @@
+"""The continuous-batching `Engine` in-process: requests that join while
+others decode, and long prompts on a sliding-window model (prefilled in
+whole buckets, the rest fed step by step), reply as `generate` does; a
+cancelled request frees its row for the next one; `TextStream` holds back
+split characters and stop-string beginnings."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from keras_transformers import from_preset
+from keras_transformers.serving import Engine, Request, TextStream
+from keras_transformers.serving.engine import BUCKET
+
+TOKENS = 6
+
+
+class _Chars:
+    """A tokenizer whose tokens are characters (id = code point)."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def _lm(**fields):
+    lm = from_preset("gpt_llama_tiny", max_sequence_length=128, **fields)
+    lm.tokenizer = _Chars()
+    return lm
+
+
+def _expected(lm, prompt):
+    row = np.asarray(lm.generate([prompt], max_new_tokens=TOKENS, stop_token_ids=None))
+    return [int(t) for t in row[0][len(prompt) : len(prompt) + TOKENS]]
+
+
+def _run(engine, prompts, gap=None):
+    """Submits the prompts (each after the previous one produced a token when
+    `gap`); returns each request once all finished."""
+    done = threading.Semaphore(0)
+    started = threading.Event()
+
+    def on_event(text, reason):
+        started.set()
+        if reason is not None:
+            done.release()
+
+    requests = []
+    for prompt in prompts:
+        started.clear()
+        request = Request(prompt=prompt, max_tokens=TOKENS, on_event=on_event)
+        requests.append(engine.submit(request))
+        if gap:
+            assert started.wait(120)
+    for _ in prompts:
+        assert done.acquire(timeout=300)
+    return requests
+
+
+@pytest.mark.parametrize("sliding", [False, True], ids=["full", "sliding"])
+def test_requests_joining_a_running_batch_reply_as_generate(sliding):
+    fields = (
+        dict(
+            num_layers=2,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+        )
+        if sliding
+        else {}
+    )
+    lm = _lm(**fields)
+    rng = np.random.default_rng(0)
+    lengths = (3, BUCKET + 5, 1, 2 * BUCKET + 3)  # past whole buckets too
+    prompts = [rng.integers(1, 500, n).tolist() for n in lengths]
+    engine = Engine(lm, slots=2, max_length=96)
+    try:
+        requests = _run(engine, prompts, gap=True)
+    finally:
+        engine.close()
+    for request, prompt in zip(requests, prompts):
+        assert request.tokens == _expected(lm, prompt)
+        assert request.finish_reason == "length"
+
+
+def test_a_cancelled_request_frees_its_row():
+    lm = _lm()
+    engine = Engine(lm, slots=1, max_length=64)
+    try:
+        first = Request(prompt=[5, 6], max_tokens=50)
+        engine.submit(first)
+        engine.cancel(first)
+        (second,) = _run(engine, [[7, 8, 9]])
+    finally:
+        engine.close()
+    assert first.finish_reason == "cancelled"
+    assert second.tokens == _expected(lm, [7, 8, 9])
+
+
+def test_stop_ids_and_the_length_limit():
+    lm = _lm()
+    expected = _expected(lm, [4, 2])
+    engine = Engine(lm, slots=2, max_length=64)
+    try:
+        events = []
+        stop = Request(
+            prompt=[4, 2],
+            max_tokens=TOKENS,
+            stop_ids=frozenset({expected[2]}),
+            on_event=lambda text, reason: events.append((text, reason)),
+        )
+        engine.submit(stop)
+        (short,) = _run(engine, [[4, 2]])
+    finally:
+        engine.close()
+    assert short.tokens == expected and short.finish_reason == "length"
+    cut = expected.index(expected[2])
+    assert stop.tokens == expected[:cut] and stop.finish_reason == "stop"
+    assert "".join(text for text, _ in events) == "".join(map(chr, expected[:cut]))
+
+
+def test_engine_errors_name_the_fix():
+    lm = _lm()
+    with pytest.raises(ValueError, match="max_length in"):
+        Engine(lm, slots=1, max_length=10_000)
+    engine = Engine(lm, slots=1, max_length=16)
+    try:
+        with pytest.raises(ValueError, match="Shorten it"):
+            engine.submit(Request(prompt=list(range(1, 17))))
+        with pytest.raises(ValueError, match="empty"):
+            engine.submit(Request(prompt=[]))
+    finally:
+        engine.close()
+    bare = from_preset("gpt_llama_tiny")
+    with pytest.raises(ValueError, match="tokenizer"):
+        Engine(bare)
+
+
+def test_text_stream_holds_back_what_may_change():
+    class Bytes:
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    stream = TextStream(Bytes(), stop_strings=("END",))
+    pieces = [stream.push(b) for b in "é!".encode()]  # é is two bytes
+    assert pieces[0] == ("", False)  # half a character
+    assert "".join(p for p, _ in pieces) == ""  # 2 characters may begin "END"
+    out = [stream.push(b) for b in b"abE"]
+    assert "".join(p for p, _ in out) == "é!a"
+    assert stream.push(ord("N")) == ("b", False)
+    assert stream.push(ord("D")) == ("", True)  # "END" is not sent
+    assert stream.text == "é!ab"
