@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 from contracts import assert_close, to_numpy
+from test_gated_deltanet import _config as linear_attention_config
 
-from keras_transformers import TransformerConfig, from_preset
-from keras_transformers.config import LinearAttentionConfig
+from keras_transformers import from_preset
 from keras_transformers.models import GPTBackbone, GPTCausalLM
 
 BUFFER = 12
@@ -18,24 +18,7 @@ PROMPTS = ([5, 9, 2], [7, 1, 3, 8, 4, 6, 2], [3])
 
 
 def _linear_attention():
-    layer = dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6)
-    config = TransformerConfig(
-        vocabulary_size=64,
-        num_layers=2,
-        hidden_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_dim=48,
-        position_embedding="rotary",
-        norm_type="rms",
-        activation="silu",
-        gated_feed_forward=True,
-        use_bias=False,
-        layer_types=["linear_attention", "full_attention"],
-        linear_attention=LinearAttentionConfig(**layer),
-    )
-    return GPTCausalLM(GPTBackbone(config))
+    return GPTCausalLM(GPTBackbone(linear_attention_config()))
 
 
 MODELS = {
