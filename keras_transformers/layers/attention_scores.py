@@ -64,7 +64,8 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None, aligned=False):
     scale = layer.attention_scale
     if scale is None:
         scale = 1.0 / math.sqrt(layer.head_dim)
-    dropout_active = layer.dropout > 0 and bool(training)
+    # The dropout layer's own rate: `DPOModel(disable_dropout=True)` zeroes it.
+    dropout_active = layer.dropout_layer.rate > 0 and bool(training)
     half = keras.backend.standardize_dtype(q.dtype) == "float16"
     grouped = layer.num_heads != layer.num_kv_heads
     fused = layer.fused
