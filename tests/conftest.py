@@ -88,6 +88,7 @@ SLOW_FILES = (
     "test_finetune_pretrained.py",
     "test_examples_vit.py",
     "test_generate_text.py",
+    "test_serving.py",
     "test_examples_translate.py",
     "test_mixtral.py",
     "test_examples_transformer_xl.py",
