@@ -328,6 +328,23 @@ def test_transformers_loads_saved_files_with_same_ids(tokenizer, tmp_path):
     assert loaded.encode(SAMPLES) == tokenizer.encode(SAMPLES)
 
 
+def test_chat_template_is_saved_and_read_by_transformers(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    assert tokenizer.chat_template is None
+    tokenizer.chat_template = template
+    try:
+        tokenizer.save_assets(tmp_path / "tok")
+    finally:
+        tokenizer.chat_template = None
+    assert BPETokenizer.from_assets(tmp_path / "tok").chat_template == template
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert hf.chat_template == template
+    hf.save_pretrained(str(tmp_path / "hf"))  # chat_template.jinja
+    assert BPETokenizer.from_assets(tmp_path / "hf").chat_template == template
+
+
 def test_load_hf_tokenizer_json_directory(tokenizer, tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

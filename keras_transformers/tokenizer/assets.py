@@ -68,6 +68,8 @@ class _AssetsMixin:
             config["additional_special_tokens"] = extra
         if self.sequence_length:
             config["model_max_length"] = self.sequence_length
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
         return config
 
     def save_assets(self, directory: PathLike) -> None:
@@ -97,7 +99,8 @@ class _AssetsMixin:
         Reads what `save_assets` writes, and Hugging Face model directories:
         `vocab.json` + `merges.txt` if present, else a byte-level BPE
         `tokenizer.json`; special tokens come from `tokenizer_config.json`
-        when present (ours or Hugging Face's).
+        when present (ours or Hugging Face's), the chat template from
+        `chat_template.jinja` or the config's `chat_template`.
 
         Args:
             directory: The directory.
@@ -116,7 +119,10 @@ class _AssetsMixin:
         ```
         """
         vocab, merges, kwargs = _read_assets(os.fspath(directory))
-        return cls(vocab, merges, **kwargs)
+        template = kwargs.pop("chat_template", None)
+        tokenizer = cls(vocab, merges, **kwargs)
+        tokenizer.chat_template = template
+        return tokenizer
 
     @classmethod
     def from_gpt2_files(

@@ -110,6 +110,8 @@ class BPETokenizer(_AssetsMixin):
         self._special_tokens = tuple(all_special)
         self.sequence_length = sequence_length
         self.add_prefix_space = bool(add_prefix_space)
+        # A Jinja chat template (`chat()`); saved in tokenizer_config.json.
+        self.chat_template: str | None = None
         # Built eagerly: keras-hub creates TensorFlow lookup tables here, which
         # must exist before the tokenizer is traced into a `tf.data` graph.
         self._layer = _layer_class()(

@@ -17,6 +17,7 @@ from keras_transformers.tokenizer._common import (
     _dedupe,
     _normalize_merges,
 )
+from keras_transformers.tokenizer.hf_files import DEFAULT_TEMPLATE, read_chat_templates
 
 _CONFIG_FORMAT_VERSION = 1
 _MERGES_HEADER = "#version: 0.2"
@@ -183,7 +184,8 @@ def _has_assets(directory: str) -> bool:
 
 
 def _read_assets(directory: str) -> tuple[dict[str, int], list[str], dict[str, Any]]:
-    """`(vocab, merges, other BPETokenizer kwargs)` of a tokenizer directory."""
+    """`(vocab, merges, other BPETokenizer kwargs)` of a tokenizer directory
+    (and its `chat_template`, None without one)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"Tokenizer directory '{directory}' does not exist. Create one "
@@ -226,6 +228,8 @@ def _read_assets(directory: str) -> tuple[dict[str, int], list[str], dict[str, A
     kwargs = _special_tokens_from_config(config, vocab, added, config_path)
     kwargs["sequence_length"] = config.get("sequence_length")
     kwargs["add_prefix_space"] = add_prefix_space
+    templates = read_chat_templates(directory, config)
+    kwargs["chat_template"] = templates.get(DEFAULT_TEMPLATE)
     return _with_added(vocab, added), merges, kwargs
 
 
