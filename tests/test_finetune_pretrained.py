@@ -373,6 +373,15 @@ def recipe_runs(request, tmp_path_factory):
                 + ["--sequence-length", "16"]
             ),
         ),
+        "finetune_classifier.py decoder": (
+            "test_example_finetune_classifier_smollm2",
+            "smollm2_dir",
+            lambda path: (
+                ["--pretrained", "none", "--no-scratch", "--decoder", path]
+                + ["--train-size", "32", "--test-size", "16", "--epochs", "1"]
+                + ["--batch-size", "16", "--sequence-length", "16"]
+            ),
+        ),
         "finetune_lora.py": (
             "test_example_finetune_lora_smollm2",
             "smollm2_dir",
@@ -431,6 +440,13 @@ def test_example_finetune_classifier_minilm(recipe_runs):
     out = _recipe(recipe_runs, "finetune_classifier.py")
     assert "From scratch (same architecture and vocabulary)" in out
     assert "From the pretrained" in out and "| pretrained |" in out
+
+
+@pytest.mark.once
+def test_example_finetune_classifier_smollm2(recipe_runs):
+    out = _recipe(recipe_runs, "finetune_classifier.py decoder")
+    assert "LoRA rank 8 + head" in out
+    assert "GPTClassifier on" in out and "held-out accuracy" in out
 
 
 @pytest.mark.once
