@@ -82,6 +82,31 @@ def test_requests_joining_a_running_batch_reply_as_generate(sliding):
         assert request.finish_reason == "length"
 
 
+def test_rows_move_forward_when_an_earlier_one_finishes():
+    """A short first request finishes while later ones decode: they move
+    into its row (the busy rows stay in front) and reply as generate."""
+    lm = _lm()
+    prompts = [[5, 6], [7, 8, 9], [3, 1], [2, 4, 6, 8]]
+    engine = Engine(lm, slots=4, max_length=64)
+    done = threading.Semaphore(0)
+
+    def on_event(text, reason):
+        if reason is not None:
+            done.release()
+
+    try:
+        requests = [
+            engine.submit(Request(prompt=p, max_tokens=n, on_event=on_event))
+            for p, n in zip(prompts, (1, TOKENS, 2, TOKENS))
+        ]
+        for _ in prompts:
+            assert done.acquire(timeout=300)
+    finally:
+        engine.close()
+    for request, prompt, n in zip(requests, prompts, (1, TOKENS, 2, TOKENS)):
+        assert request.tokens == _expected(lm, prompt)[:n]
+
+
 def test_a_cancelled_request_frees_its_row():
     lm = _lm()
     engine = Engine(lm, slots=1, max_length=64)

@@ -39,3 +39,26 @@ def write_row(cache, row, index):
             return cache
     starts = (index,) + (0,) * (len(cache.shape) - 1)
     return keras.ops.slice_update(cache, starts, keras.ops.cast(row, cache.dtype))
+
+
+def write_leading_rows(cache, part):
+    """`cache [B, ...]` with its first `n` rows replaced by `part [n, ...]`
+    (a decoding step run on the busy rows only). PyTorch without autograd:
+    `part` is usually a view of `cache` already written in place (then
+    nothing is copied); elsewhere `keras.ops.slice_update`."""
+    if keras.config.backend() == "torch":
+        import torch
+
+        if not torch.is_grad_enabled():
+            if part.data_ptr() != cache.data_ptr():
+                cache[: part.shape[0]].copy_(part)
+            return cache
+    starts = (0,) * len(cache.shape)
+    return keras.ops.slice_update(cache, starts, keras.ops.cast(part, cache.dtype))
+
+
+def copy_row(cache, source, target):
+    """`cache [B, ...]` with row `target` replaced by row `source` (ints or
+    scalar int tensors)."""
+    row = keras.ops.take(cache, keras.ops.reshape(source, (1,)), axis=0)
+    return write_row(cache, row, target)

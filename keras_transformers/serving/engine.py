@@ -31,7 +31,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend.rows import write_row
+from keras_transformers.backend.rows import copy_row, write_leading_rows, write_row
 from keras_transformers.config.layer_types import recurrent, sliding_windows
 from keras_transformers.serving.text import TextStream
 
@@ -169,9 +169,19 @@ class Engine:
         policy = model.dtype_policy
         direct = policy.compute_dtype == policy.variable_dtype
 
-        def decode(tokens, cache, index):  # [B, 1], cache, [B] -> [B, V]
-            logits, cache = model.call_with_cache(tokens, cache, index)
-            return ops.cast(logits[:, 0, :], "float32"), cache
+        def decode(tokens, cache, index, greedy):  # the first n rows: [n, 1], [n]
+            rows = tokens.shape[0]
+            part = keras.tree.map_structure(lambda c: c[:rows], cache)
+            logits, part = model.call_with_cache(tokens, part, index)
+            cache = keras.tree.map_structure(write_leading_rows, cache, part)
+            logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
+            return (ops.argmax(logits, -1) if greedy else logits), cache
+
+        def greedy(tokens, cache, index):  # -> next ids [n]
+            return decode(tokens, cache, index, True)
+
+        def sampled(tokens, cache, index):  # -> logits [n, V]
+            return decode(tokens, cache, index, False)
 
         def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
             cache = model.backbone.init_cache(1, length)
@@ -185,11 +195,18 @@ class Engine:
                 lambda c, r: write_row(c, r, slot), cache, row
             )
 
+        def move(cache, source, target):
+            return keras.tree.map_structure(
+                lambda c: copy_row(c, source, target), cache
+            )
+
         variables = model.variables
         compile_ = backend.compile_function
-        self._decode = compile_(decode, variables, direct, donate=(1,))
+        self._greedy = compile_(greedy, variables, direct, donate=(1,))
+        self._sampled = compile_(sampled, variables, direct, donate=(1,))
         self._prefill = compile_(prefill, variables, direct)
         self._insert = compile_(insert, [], direct, donate=(0,))
+        self._move = compile_(move, [], direct, donate=(0,))
 
     # ----------------------------------------------------------------- loop
     def _run(self):
@@ -208,7 +225,9 @@ class Engine:
                 for slot, request in enumerate(self._rows):
                     if request is not None:
                         self._finish(slot, f"error: {error}")
-                self._cache = self.model.backbone.init_cache(self.slots, self.max_length)
+                self._cache = self.model.backbone.init_cache(
+                    self.slots, self.max_length
+                )
         for slot, request in enumerate(self._rows):
             if request is not None:
                 self._finish(slot, "cancelled")
@@ -251,28 +270,52 @@ class Engine:
         self._advance(slot, np.asarray(logits)[0])
 
     def _step(self):
+        """One decoding step of the busy rows: moved to the front first, then
+        the first `n` rows decoded (`n` the next power of two, so a few
+        programs serve every number of busy requests)."""
         for slot, request in enumerate(self._rows):
             if request is not None and request.cancelled:
                 self._finish(slot, "cancelled")
-        if not self.busy:
+        busy = self._compact()
+        if not busy:
             return
-        tokens = ops.convert_to_tensor(self._feed[:, None])
-        index = ops.convert_to_tensor(self._index)
-        logits, self._cache = self._decode(tokens, self._cache, index)
-        logits = np.asarray(ops.convert_to_numpy(logits))
-        for slot, request in enumerate(self._rows):
-            if request is None:
-                continue
+        rows = min(1 << (busy - 1).bit_length(), self.slots)
+        tokens = ops.convert_to_tensor(self._feed[:rows, None])
+        index = ops.convert_to_tensor(self._index[:rows])
+        greedy = all(r.temperature <= 0 for r in self._rows[:busy])
+        decode = self._greedy if greedy else self._sampled
+        out, self._cache = decode(tokens, self._cache, index)
+        out = np.asarray(ops.convert_to_numpy(out))
+        for slot in range(busy):
             self._index[slot] += 1
             if self._pending[slot]:
                 self._feed[slot] = self._pending[slot].pop(0)
                 continue
-            self._advance(slot, logits[slot])
+            self._advance(slot, *((None, int(out[slot])) if greedy else (out[slot],)))
 
-    def _advance(self, slot: int, logits: np.ndarray):
-        """Chooses row `slot`'s next token from its logits `[V]` and reports it."""
+    def _compact(self) -> int:
+        """Moves busy rows into the free slots before them; returns how many
+        rows are busy (then the first ones)."""
+        free = [s for s, r in enumerate(self._rows) if r is None]
+        busy = [s for s, r in enumerate(self._rows) if r is not None]
+        while free and busy and free[0] < busy[-1]:
+            target, source = free.pop(0), busy.pop()
+            self._cache = self._move(self._cache, _scalar(source), _scalar(target))
+            for state in (self._rows, self._texts, self._rngs, self._pending):
+                state[target], state[source] = state[source], None
+            self._pending[source] = []
+            for array in (self._index, self._feed):
+                array[target], array[source] = array[source], 0
+            busy = sorted([*busy, target])
+            free = sorted([*free, source])
+        return self.busy
+
+    def _advance(self, slot: int, logits, token=None):
+        """Chooses row `slot`'s next token (`token`, or from its logits
+        `[V]`) and reports it."""
         request = self._rows[slot]
-        token = _choose(logits, request, self._rngs[slot])
+        if token is None:
+            token = _choose(logits, request, self._rngs[slot])
         if token in request.stop_ids:
             return self._finish(slot, "stop")
         request.tokens.append(token)
