@@ -242,6 +242,7 @@ def test_embeddings_equal_encode(minilm_dir, tmp_path_factory):
         process.wait(timeout=60)
 
 
+@pytest.mark.once  # the command's check, before any backend work
 def test_serve_refuses_a_model_without_a_tokenizer():
     done = subprocess.run(
         [sys.executable, "-m", "keras_transformers.cli", "serve", "gpt2_tiny"],
