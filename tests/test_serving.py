@@ -63,7 +63,7 @@ def _start(directory, name, tmp_path_factory, *extra):
                 process.kill()
                 raise AssertionError(
                     f"server did not start:\n{log.read_text()[-3000:]}"
-                )
+                ) from None
             time.sleep(0.5)
 
 
