@@ -400,6 +400,8 @@ def recipe_runs(request, tmp_path_factory):
                 ["--checkpoint", path, "--method", method, "--train-size", "6"]
                 + ["--test-size", "2", "--batch-size", "4", "--sequence-length", "256"]
                 + ["--samples", "1", "--verse-tokens", "6"]
+                # QLoRA, as the Gemma 3 recipe runs it (--quantize nf4)
+                + (["--quantize", "nf4"] if method == "sft" else [])
             ),
         )
     selected = {item.name for item in request.session.items}
