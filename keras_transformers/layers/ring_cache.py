@@ -21,7 +21,8 @@ from keras_transformers import backend
 
 def positions(last, length: int):
     """`[L]` int32: the position slot `s` holds once position `last` (an int
-    or a scalar tensor) is written; negative for slots not yet written."""
+    or a scalar tensor) is written; negative for slots not yet written.
+    A `[B, 1]` `last` (a position per row) gives `[B, L]`."""
     last = ops.cast(last, "int32")
     slots = ops.arange(length, dtype="int32")
     return last - ops.mod(last - slots, length)

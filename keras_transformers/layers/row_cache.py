@@ -18,6 +18,7 @@ import numbers
 from keras import ops
 
 from keras_transformers.backend.rows import update_cache_rows
+from keras_transformers.layers import ring_cache
 
 
 def is_row_index(cache_index) -> bool:
@@ -62,7 +63,7 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
     values = update_cache_rows(cache[1], value, slot)
     slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
     last = index[:, None]  # [B, 1]
-    held = last - ops.mod(last - slots, length) if ring else slots  # [B|1, L]
+    held = ring_cache.positions(last, length) if ring else slots  # [B|1, L]
     visible = ops.logical_and(held >= 0, held <= last)
     if ring:
         visible = ops.logical_and(visible, held > last - window)

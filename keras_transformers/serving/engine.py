@@ -32,10 +32,8 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.rows import copy_row, write_leading_rows, write_row
-from keras_transformers.config.layer_types import recurrent, sliding_windows
+from keras_transformers.generation.generate import BUCKET, _prefix_length
 from keras_transformers.serving.text import TextStream
-
-BUCKET = 32  # prompts are prefilled in multiples of this many tokens
 
 
 @dataclass
@@ -107,8 +105,6 @@ class Engine:
                 f"slots must be >= 1 and max_length in [2, {limit}] "
                 f"(max_sequence_length); got slots={slots}, max_length={max_length}."
             )
-        # A ring cache or a recurrent state must see real tokens only.
-        self._exact = any(sliding_windows(config)) or recurrent(config)
         self._cache = backbone.init_cache(self.slots, self.max_length)
         self._index = np.zeros(self.slots, "int32")  # the position fed next
         self._feed = np.zeros(self.slots, "int32")  # the token fed there
@@ -246,28 +242,28 @@ class Engine:
             self._start(slot, request)
 
     def _start(self, slot: int, request: Request):
+        """Prefills `request`'s prompt into row `slot`, as `generate` does
+        (`_prefix_length`): a whole prompt padded to a bucket, then its
+        first reply token chosen; or, for ring caches and recurrent states,
+        its prefix in whole buckets, the rest fed by the batched steps."""
         prompt = [int(t) for t in request.prompt]
         size = len(prompt)
         self._rows[slot] = request
         self._texts[slot] = TextStream(self.model.tokenizer, request.stop_strings)
         self._rngs[slot] = np.random.default_rng(request.seed)
-        if self._exact:  # a prefix in whole buckets; the rest fed step by step
-            prefix = (size - 1) // BUCKET * BUCKET
-            if prefix:
-                _, row = self._prefill(_ids(prompt[:prefix]), _scalar(prefix - 1))
-            else:
-                row = self.model.backbone.init_cache(1, self.max_length)
-            self._cache = self._insert(self._cache, row, _scalar(slot))
-            self._index[slot], self._feed[slot] = prefix, prompt[prefix]
-            self._pending[slot] = prompt[prefix + 1 :]
-            return
-        padded = min(-(-size // BUCKET) * BUCKET, self.max_length)
-        ids = prompt + [0] * (padded - size)
-        logits, row = self._prefill(_ids(ids), _scalar(size - 1))
+        prefix = _prefix_length(self.model.config, size, self.max_length)
+        prefix = self.max_length if prefix is None else prefix
+        if prefix:
+            ids = prompt[:prefix] + [0] * (prefix - size)  # padded when longer
+            logits, row = self._prefill(_ids(ids), _scalar(min(prefix, size) - 1))
+        else:
+            row = self.model.backbone.init_cache(1, self.max_length)
         self._cache = self._insert(self._cache, row, _scalar(slot))
-        self._index[slot] = size
-        self._pending[slot] = []
-        self._advance(slot, np.asarray(logits)[0])
+        if prefix >= size:
+            self._index[slot], self._pending[slot] = size, []
+            return self._advance(slot, np.asarray(logits)[0])
+        self._index[slot], self._feed[slot] = prefix, prompt[prefix]
+        self._pending[slot] = prompt[prefix + 1 :]
 
     def _step(self):
         """One decoding step of the busy rows: moved to the front first, then
