@@ -5,7 +5,7 @@ from __future__ import annotations
 from keras_transformers.backend import call_layer
 from keras_transformers.models.base import TaskModel
 from keras_transformers.training import head_loss
-from keras_transformers.training.router import RouterMetrics, moe_layers
+from keras_transformers.training.router import track_routers, update_routers
 
 
 class CausalLM(TaskModel):
@@ -41,10 +41,7 @@ class CausalLM(TaskModel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        layers = moe_layers(self.backbone)
-        # Mean trackers of the MoE router statistics (see training/router.py).
-        self._router = RouterMetrics(layers) if layers else None
-        self.router_metrics = self._router.metrics if layers else []
+        track_routers(self)  # MoE router statistics in the logs
 
     def make_train_function(self, force=False):
         """Keras' train function, run in the state where `call` may return
@@ -62,8 +59,7 @@ class CausalLM(TaskModel):
             loss = head_loss.compute_loss(self, y, y_pred, sample_weight)
         else:
             loss = super().compute_loss(x, y, y_pred, sample_weight, training)
-        if self._router is not None:
-            self._router.update()
+        update_routers(self)
         return loss
 
     def call(self, inputs, training=None):

@@ -10,7 +10,7 @@ from keras_transformers.models.causal_lm import CausalLM
 from keras_transformers.models.gpt import GPTBackbone
 from keras_transformers.models.gpt_classifier import GPTClassifier
 from keras_transformers.registry import register_model
-from keras_transformers.training.router import RouterMetrics, moe_layers
+from keras_transformers.training.router import track_routers, update_routers
 
 
 @register_model("backbone")
@@ -98,10 +98,7 @@ class MixtralClassifier(GPTClassifier):
 
     def __init__(self, backbone=None, **kwargs):
         super().__init__(backbone, **kwargs)
-        layers = moe_layers(self.backbone)
-        # Mean trackers of the MoE router statistics (see training/router.py).
-        self._router = RouterMetrics(layers) if layers else None
-        self.router_metrics = self._router.metrics if layers else []
+        track_routers(self)  # MoE router statistics in the logs
 
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
@@ -109,6 +106,5 @@ class MixtralClassifier(GPTClassifier):
         """The compiled loss plus the routers' `add_loss` terms; also feeds
         the router statistics to their metrics."""
         loss = super().compute_loss(x, y, y_pred, sample_weight, training)
-        if self._router is not None:
-            self._router.update()
+        update_routers(self)
         return loss

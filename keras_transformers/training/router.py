@@ -55,3 +55,20 @@ class RouterMetrics:
     def update(self):
         for metric, value in zip(self.metrics, self.values()):
             metric.update_state(value)
+
+
+def track_routers(model) -> None:
+    """Gives a task model the router statistics of its backbone's MoE
+    layers: `model._router` (a `RouterMetrics`, None without MoE layers)
+    and `model.router_metrics` (its means, which Keras then logs). Call
+    `update_routers(model)` after each step's loss."""
+    layers = moe_layers(model.backbone)
+    model._router = RouterMetrics(layers) if layers else None
+    model.router_metrics = model._router.metrics if layers else []
+
+
+def update_routers(model) -> None:
+    """Feeds the latest router statistics to `model`'s metrics (see
+    `track_routers`); nothing for a model without MoE layers."""
+    if model._router is not None:
+        model._router.update()
