@@ -1,0 +1,111 @@
+"""The child side of tests/test_multiprocess.py: one process of a run on
+this machine's CPU (2 simulated devices per process on JAX).
+
+`python tests/multiprocess_worker.py SPEC_JSON` with SPEC:
+- `coordinator`, `num_processes`, `process_id`: join a multi-process run
+  (absent: one process);
+- `fits`: a list of `[preset, distribution]`; each trains a tiny model for
+  `STEPS` steps on the same global batches and reports its per-step losses;
+- `save`: a directory to save the last fit's state into; then `THEN` more
+  steps are trained (their losses: `then`);
+- `restore` (a saved state) and `restore_into` (`[preset, distribution]`):
+  a fresh model loads the state and trains `THEN` steps (`restored`).
+Process 0 writes the losses to `out` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["KERAS_BACKEND"] = "jax"
+devices = os.environ.get("DEVICES_PER_PROCESS", "2")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + f" --xla_force_host_platform_device_count={devices}"
+)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_transformers import data, from_preset, multiprocess  # noqa: E402
+from keras_transformers.training import (  # noqa: E402
+    AdamW,
+    MaskedSparseCategoricalCrossentropy,
+    sharded_checkpoint,
+)
+
+STEPS, THEN, BATCH, LENGTH = 3, 2, 4, 8
+SMALL = dict(num_layers=1, hidden_dim=16, num_heads=4, intermediate_dim=32)
+
+
+class StepLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def build(preset, distribution):
+    keras.utils.set_random_seed(0)
+    overrides = dict(SMALL, dropout=0.0)
+    if preset.startswith("mixtral"):
+        overrides["num_kv_heads"] = 2
+    model = from_preset(preset, distribution=distribution, **overrides)
+    model.compile(
+        optimizer=AdamW(1e-2, weight_decay=0.01),
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def batches(seed=0):
+    stream = np.random.default_rng(seed).integers(3, 64, 600).astype("int32")
+    train = data.lm_dataset(
+        stream, LENGTH, BATCH, shuffle=True, seed=1, num_batches=STEPS
+    )
+    return multiprocess.ProcessBatches(train)
+
+
+def train(model, steps, seed=0):
+    record = StepLosses()
+    data_ = batches(seed)
+    model.fit(
+        data_,
+        epochs=1,
+        steps_per_epoch=steps,
+        shuffle=False,
+        verbose=0,
+        callbacks=[record],
+    )
+    return record.losses
+
+
+def main(spec):
+    if spec.get("num_processes", 1) > 1:
+        multiprocess.initialize(
+            spec["coordinator"], spec["num_processes"], spec["process_id"], timeout=60
+        )
+    out = {"losses": []}
+    model = None
+    for preset, distribution in spec.get("fits", []):
+        model = build(preset, distribution)
+        out["losses"].append(train(model, STEPS))
+    if spec.get("save"):
+        sharded_checkpoint.save_state(model, spec["save"])
+        out["then"] = train(model, THEN, seed=1)
+    if spec.get("restore"):
+        model = build(*spec["restore_into"])
+        model.optimizer.build(model.trainable_variables)
+        sharded_checkpoint.load_state(model, spec["restore"])
+        out["restored"] = train(model, THEN, seed=1)
+    if multiprocess.is_primary():
+        with open(spec["out"], "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
