@@ -86,13 +86,6 @@ def initialize(
             seconds (the message names its address).
         RuntimeError: JAX already computed in this process.
     """
-    backend = _backend()
-    if backend is None:
-        raise ValueError(
-            "Several processes training one model need the JAX backend "
-            f"(KERAS_BACKEND is {keras.config.backend()!r}): set KERAS_BACKEND=jax. "
-            "On TensorFlow use a tf.distribute strategy instead."
-        )
     env = os.environ
     if coordinator is None and "KERAS_DISTRIBUTION_JOB_ADDRESSES" in env:
         coordinator = env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")[0]
@@ -100,6 +93,13 @@ def initialize(
         num_processes = int(env["KERAS_DISTRIBUTION_NUM_PROCESSES"])
     if process_id is None and "KERAS_DISTRIBUTION_PROCESS_ID" in env:
         process_id = int(env["KERAS_DISTRIBUTION_PROCESS_ID"])
+    if coordinator is not None:
+        host, _, port = coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                "coordinator must be 'host:port' (process 0's address and a free "
+                f"port, e.g. '10.0.0.1:1234'). Received: coordinator={coordinator!r}"
+            )
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"num_processes must be at least 1. Received: {num_processes}")
     if process_id is not None and num_processes is not None:
@@ -108,6 +108,13 @@ def initialize(
                 f"process_id must be in 0 .. {num_processes - 1} for "
                 f"num_processes={num_processes}. Received: process_id={process_id}"
             )
+    backend = _backend()
+    if backend is None:
+        raise ValueError(
+            "Several processes training one model need the JAX backend "
+            f"(KERAS_BACKEND is {keras.config.backend()!r}): set KERAS_BACKEND=jax. "
+            "On TensorFlow use a tf.distribute strategy instead."
+        )
     backend.initialize(coordinator, num_processes, process_id, timeout)
 
 

@@ -1,5 +1,6 @@
 """The child side of tests/test_multiprocess.py: one process of a run on
-this machine's CPU (2 simulated devices per process on JAX).
+this machine's CPU on JAX (the test sets the simulated device count in
+XLA_FLAGS).
 
 `python tests/multiprocess_worker.py SPEC_JSON` with SPEC:
 - `coordinator`, `num_processes`, `process_id`: join a multi-process run
@@ -10,6 +11,7 @@ this machine's CPU (2 simulated devices per process on JAX).
   steps are trained (their losses: `then`);
 - `restore` (a saved state) and `restore_into` (`[preset, distribution]`):
   a fresh model loads the state and trains `THEN` steps (`restored`).
+- `backup` (with `interrupt`, `weights`): `resumed_fit`.
 Process 0 writes the losses to `out` as JSON.
 """
 
@@ -20,11 +22,6 @@ import os
 import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
-devices = os.environ.get("DEVICES_PER_PROCESS", "2")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + f" --xla_force_host_platform_device_count={devices}"
-)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -49,9 +46,9 @@ class StepLosses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def build(preset, distribution):
+def build(preset, distribution, dropout=0.0):
     keras.utils.set_random_seed(0)
-    overrides = dict(SMALL, dropout=0.0)
+    overrides = dict(SMALL, dropout=dropout)
     if preset.startswith("mixtral"):
         overrides["num_kv_heads"] = 2
     model = from_preset(preset, distribution=distribution, **overrides)
@@ -102,9 +99,54 @@ def main(spec):
         model.optimizer.build(model.trainable_variables)
         sharded_checkpoint.load_state(model, spec["restore"])
         out["restored"] = train(model, THEN, seed=1)
+    if spec.get("backup"):
+        out["resumed_fit"] = resumed_fit(spec)
     if multiprocess.is_primary():
         with open(spec["out"], "w") as f:
             json.dump(out, f)
+
+
+class Interrupt(keras.callbacks.Callback):
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("interrupted")
+
+
+def resumed_fit(spec):
+    """2 epochs of 2 steps of a data-parallel GPT with dropout, backed up
+    every step into `backup`: stopped after step `interrupt` (if given),
+    else run to the end (resuming the backup if there is one) and its
+    weights saved to `weights`. Returns the losses of the steps it ran."""
+    model = build("gpt2_tiny", "data", dropout=0.1)
+    backup = sharded_checkpoint.ShardedBackupAndRestore(spec["backup"], save_freq=1)
+    stream = np.random.default_rng(2).integers(3, 64, 600).astype("int32")
+    train = data.lm_dataset(stream, LENGTH, BATCH, shuffle=True, seed=1, num_batches=2)
+    record = StepLosses()
+    callbacks = [backup, record]
+    if spec.get("interrupt"):
+        callbacks.append(Interrupt(spec["interrupt"]))
+    try:
+        model.fit(
+            backup.resumable(multiprocess.ProcessBatches(train)),
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
+    except RuntimeError as error:
+        assert str(error) == "interrupted"
+        return record.losses
+    weights = {
+        str(i): multiprocess.gather(v.value) for i, v in enumerate(model.variables)
+    }
+    if multiprocess.is_primary():
+        np.savez(spec["weights"], **weights)
+    return record.losses
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ this module is the only one that imports `jax` and `orbax` for them.
 from __future__ import annotations
 
 import os
+import socket
+import time
 
 import jax
 import numpy as np
@@ -32,6 +34,10 @@ def initialize(
             "This process already joined a multi-process JAX run "
             f"({jax.process_count()} processes); initialize once per process."
         )
+    # JAX's client ends the process (no exception) when it cannot reach
+    # the coordinator: find out first, and say so.
+    if coordinator and process_id not in (None, 0):
+        timeout = _wait_for(coordinator, process_id, timeout)
     try:
         # CPU devices of several processes need a collectives library
         # (without one, a computation over them fails).
@@ -59,13 +65,32 @@ def initialize(
     initialize_rng()
 
 
+def _wait_for(coordinator: str, process_id: int, timeout: int) -> int:
+    """Waits until `coordinator` ("host:port") accepts a connection;
+    returns the seconds left of `timeout`.
+
+    Raises:
+        TimeoutError: it did not within `timeout` seconds.
+    """
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+                return max(int(deadline - time.monotonic()), 1)
+        except (OSError, ValueError) as error:
+            if time.monotonic() >= deadline:
+                raise _timeout(coordinator, process_id, timeout, str(error)) from None
+        time.sleep(0.2)
+
+
 def _timeout(coordinator, process_id, timeout, text) -> TimeoutError:
     first = text.strip().splitlines()[0] if text.strip() else "no answer"
     return TimeoutError(
         f"Process {process_id} could not join the run at coordinator {coordinator} "
-        f"within {timeout} s ({first[:300]}). Start process 0 (which serves that "
-        "address) and every other process with the same --coordinator and "
-        "--num-processes, check the host and port are reachable from here, or "
+        f"within {timeout} s ({first[:300]}). Start process 0 (it serves that "
+        "address) and the others with the same coordinator and number of "
+        "processes, check that the host and port are reachable from here, or "
         "raise the timeout."
     )
 

@@ -8,6 +8,10 @@ the choice of the job by the preset's family.
   `cli.seq2seq.train_seq2seq` (translation);
 * vit presets, or `--images`: `cli.vit.train_vit` (image classification).
 
+With `--distribution` or `--coordinator` (several processes), gpt and
+mixtral presets train by `cli.distributed.train_distributed` instead: the
+model sharded over every device of every process (JAX).
+
 Building the parser imports none of these jobs (nor Keras): `run` imports
 the one it needs.
 """
@@ -15,6 +19,7 @@ the one it needs.
 from __future__ import annotations
 
 import argparse
+import json
 
 from keras_transformers.cli._common import (
     DEFAULT_BATCH_SIZE,
@@ -120,6 +125,57 @@ def add_parser(commands) -> None:
     _add_translation_arguments(train)
     _add_image_arguments(train)
     add_resume_arguments(train)
+    _add_distribution_arguments(train)
+
+
+def distribution_kind(text: str):
+    """An argparse type: `auto`, `data`, `model` or a JSON dict of mesh axis
+    sizes such as `{"batch": 2, "model": 2}`."""
+    if text in ("auto", "data", "model"):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not (
+        isinstance(value, dict)
+        and value
+        and all(isinstance(v, int) and v >= 1 for v in value.values())
+    ):
+        raise argparse.ArgumentTypeError(
+            "expected auto, data, model or a JSON dict of mesh axis sizes such as "
+            f'\'{{"batch": 2, "model": 2}}\', got {text!r}'
+        )
+    return value
+
+
+def _add_distribution_arguments(train: argparse.ArgumentParser) -> None:
+    """The options of sharded and multi-process training (`cli.distributed`)."""
+    group = train.add_argument_group(
+        "several devices and processes (JAX; gpt and mixtral presets)",
+        "--distribution shards the model over every device (of every "
+        "process). For several processes, run the same command once per "
+        "process, each with its own --process-id: every process reads the "
+        "same data and feeds its own rows of each batch; process 0 writes "
+        "the output and logs, and backups are sharded (each process writes "
+        "its own part). --checkpoint-dir and --output must be on a file "
+        "system that every process sees.",
+    )
+    group.add_argument(
+        "--distribution",
+        type=distribution_kind,
+        help="data, model, auto or a JSON dict of mesh axis sizes (batch, model, "
+        "expert); default with --coordinator: data",
+    )
+    group.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="address of process 0, which serves it (several processes)",
+    )
+    group.add_argument(
+        "--num-processes", type=positive_int, help="how many processes take part"
+    )
+    group.add_argument("--process-id", type=int, help="this process's number, 0 .. N-1")
 
 
 def _add_translation_arguments(train: argparse.ArgumentParser) -> None:
@@ -202,7 +258,11 @@ def run(args: argparse.Namespace) -> int:
     from keras_transformers.presets import list_presets
 
     family = list_presets().get(args.preset, {}).get("family")
-    if wants_vit(args, family):
+    if getattr(args, "distribution", None) or getattr(args, "coordinator", None):
+        from keras_transformers.cli.distributed import train_distributed
+
+        train_distributed(args)
+    elif wants_vit(args, family):
         from keras_transformers.cli.vit import train_vit
 
         train_vit(args)
