@@ -148,6 +148,21 @@ class MultiHeadAttention(keras.layers.Layer):
         (2, 5, 32)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {
+        "query/kernel": ("embed", "heads", "head_dim"),
+        "query/bias": ("heads", "head_dim"),
+        "key/kernel": ("embed", "kv_heads", "head_dim"),
+        "key/bias": ("kv_heads", "head_dim"),
+        "value/kernel": ("embed", "kv_heads", "head_dim"),
+        "value/bias": ("kv_heads", "head_dim"),
+        "output_gate/kernel": ("embed", "heads", "head_dim"),
+        "output_gate/bias": ("heads", "head_dim"),
+        "attention_output/kernel": ("heads", "head_dim", "embed"),
+        "attention_output/bias": None,
+        "sinks": ("heads",),
+    }
+
     def __init__(
         self,
         num_heads,

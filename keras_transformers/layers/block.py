@@ -122,6 +122,12 @@ class TransformerBlock(keras.layers.Layer):
         `[B, T, D]`, or `(output, cache)` when `cache` is given.
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = dict.fromkeys(
+        ("self_attention_scale", "cross_attention_scale", "feed_forward_scale")
+        + ("output_scale",)
+    )  # replicated
+
     def __init__(
         self,
         num_heads,

@@ -166,6 +166,8 @@ class LayerNormalization(_Float32Norm, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` (last axis); on PyTorch a float32
     input goes straight to `torch.nn.functional.layer_norm`."""
 
+    weight_axes = {"gamma": None, "beta": None}  # replicated
+
     def call(self, inputs):
         out = None
         if self.axis in (-1, [-1]) and not self.rms_scaling and self._float32:
@@ -177,6 +179,8 @@ class LayerNormalization(_Float32Norm, keras.layers.LayerNormalization):
 class RMSNormalization(_Float32Norm, keras.layers.RMSNormalization):
     """`keras.layers.RMSNormalization` (last axis); on PyTorch a float32
     input goes straight to `torch.nn.functional.rms_norm`."""
+
+    weight_axes = {"scale": None}  # replicated
 
     def call(self, x):
         out = None

@@ -82,6 +82,16 @@ class DisentangledAttention(keras.layers.Layer):
     Call arguments: none; see `biases`.
     """
 
+    def weight_axes(self):
+        """Logical axes of each weight (see keras_transformers.distribution)."""
+        axes = {"embeddings": None}  # the relative embeddings: replicated
+        for kind in ("key", "query"):
+            for i in range(self.num_layers):
+                name = f"position_{kind}_{i}"
+                axes[name + "/kernel"] = ("embed", "heads", "head_dim")
+                axes[name + "/bias"] = ("heads", "head_dim")
+        return axes
+
     def __init__(
         self,
         num_layers,

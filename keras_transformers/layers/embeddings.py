@@ -31,6 +31,12 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         (2, 3, 100)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {
+        "embeddings": ("vocab", "embed"),
+        "reverse_embeddings": ("embed", "vocab"),
+    }
+
     def __init__(self, input_dim, output_dim, tie_weights=True, scale=1.0, **kwargs):
         super().__init__(input_dim, output_dim, tie_weights=tie_weights, **kwargs)
         self.scale = scale

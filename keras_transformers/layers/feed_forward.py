@@ -56,6 +56,16 @@ class FeedForward(keras.layers.Layer):
         `[B, T, D]`.
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {
+        "intermediate/kernel": ("embed", "mlp"),
+        "intermediate/bias": ("mlp",),
+        "gate/kernel": ("embed", "mlp"),
+        "gate/bias": ("mlp",),
+        "output/kernel": ("mlp", "embed"),
+        "output/bias": None,
+    }
+
     def __init__(
         self,
         intermediate_dim,

@@ -197,6 +197,20 @@ class GatedDeltaNet(keras.layers.Layer):
         (2, 5, 32)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    # The q | k | v projection and its convolution are kept whole (their
+    # concatenated width does not split by heads); the rest by value heads.
+    weight_axes = {
+        "qkv/kernel": ("embed", "linear_qkv"),
+        "conv_kernel": (None, "linear_qkv"),
+        "output_gate/kernel": ("embed", "linear_heads"),
+        "beta/kernel": ("embed", "linear_heads"),
+        "decay/kernel": ("embed", "linear_heads"),
+        "dt_bias": ("linear_heads",),
+        "a_log": ("linear_heads",),
+        "attention_output/kernel": ("linear_heads", "embed"),
+    }
+
     def __init__(
         self,
         num_key_heads,

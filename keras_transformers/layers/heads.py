@@ -47,6 +47,9 @@ class MaskedLMHead(keras.layers.Layer):
         (2, 3, 100)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {"bias": ("vocab",), "transform/kernel": None, "transform/bias": None}
+
     def __init__(
         self,
         vocabulary_size,

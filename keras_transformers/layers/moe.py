@@ -99,6 +99,20 @@ class SparseMoE(keras.layers.Layer):
         (2, 5, 16)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    # The gated experts' kernel is [gate | up] along its last axis: split by
+    # experts only, so a device holds both halves of the experts it has.
+    weight_axes = {
+        "expert_gate_up": ("experts", "embed", "gate_up"),
+        "expert_gate_up_bias": ("experts", "gate_up"),
+        "expert_down": ("experts", "mlp", "embed"),
+        "expert_down_bias": ("experts", "embed"),
+        "router": None,
+        "router_bias": None,
+        "shared_expert_gate/kernel": None,
+        **dict.fromkeys(("aux_loss", "z_loss", "dropped_fraction", "expert_load")),
+    }
+
     accepts_padding_mask = True
 
     def __init__(

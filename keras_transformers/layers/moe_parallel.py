@@ -33,6 +33,9 @@ class NormedRouterMoE(SparseMoE):
         (2, 5, 16)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {**SparseMoE.weight_axes, "router_scale": None, "expert_scale": None}
+
     def __init__(self, *args, norm_epsilon=1e-6, **kwargs):
         super().__init__(*args, **kwargs)
         self.norm_epsilon = norm_epsilon

@@ -108,6 +108,12 @@ class PatchEmbedding(keras.layers.Layer):
         (2, 5, 8)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = dict.fromkeys(
+        ("kernel", "bias", "class_token", "distillation_token", "register_tokens")
+        + ("position_embeddings",)
+    )  # all replicated
+
     def __init__(
         self,
         hidden_dim,

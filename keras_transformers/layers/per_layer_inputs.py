@@ -50,6 +50,9 @@ class PerLayerInputs(keras.layers.Layer):
         (1, 3, 2, 4)
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {"embedding/embeddings": ("vocab", None), "projection/kernel": None}
+
     def __init__(
         self,
         vocabulary_size,
@@ -129,6 +132,9 @@ class PerLayerInputGate(keras.layers.Layer):
         >>> tuple(gate(keras.ops.ones((1, 3, 8)), keras.ops.ones((1, 3, 4))).shape)
         (1, 3, 8)
     """
+
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {"input_gate/kernel": None, "projection/kernel": None}
 
     def __init__(
         self,

@@ -272,6 +272,8 @@ class PositionEmbedding(keras.layers.Layer):
         be added to `x`.
     """
 
+    weight_axes = {"embeddings": None}  # replicated
+
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.sequence_length = int(sequence_length)
@@ -382,6 +384,8 @@ class RelativePositionBias(keras.layers.Layer):
         Raffel et al., "Exploring the Limits of Transfer Learning with a
         Unified Text-to-Text Transformer", 2020.
     """
+
+    weight_axes = {"embeddings": None}  # replicated
 
     def __init__(
         self,

@@ -74,6 +74,13 @@ class TransformerXLBias(keras.layers.Layer):
         Fixed-Length Context", 2019 (section 3.3).
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {
+        "content_bias": ("heads", "head_dim"),
+        "position_bias": ("heads", "head_dim"),
+        "position_kernel": ("embed", "heads", "head_dim"),
+    }
+
     def __init__(
         self,
         num_heads,

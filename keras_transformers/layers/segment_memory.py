@@ -93,6 +93,8 @@ class SegmentMemory(keras.layers.Layer):
         (2, 3, 4, 8)
     """
 
+    weight_axes = {"states": None, "valid": None}  # replicated
+
     def __init__(self, num_layers, hidden_dim, **kwargs):
         super().__init__(**kwargs)
         self.num_layers = num_layers

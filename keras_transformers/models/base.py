@@ -367,6 +367,9 @@ class TaskModel(ConfiguredModel):
     `task_arguments`; they are saved in `get_config()` and in presets.
     """
 
+    # Classification heads are replicated (see keras_transformers.distribution).
+    weight_axes = {"classifier/kernel": None, "classifier/bias": None}
+
     backbone_cls = None
     task_arguments: tuple = ()
 

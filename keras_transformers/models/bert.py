@@ -53,6 +53,12 @@ class BertBackbone(TextBackbone):
         (1, 128)
     """
 
+    weight_axes = {
+        **TextBackbone.weight_axes,
+        "pooler/kernel": None,
+        "pooler/bias": None,
+    }
+
     family = "bert"
     stacks = "encoder"
     causal = False
@@ -267,6 +273,12 @@ class ElectraDiscriminator(TaskModel):
         >>> tuple(model({"token_ids": np.ones((1, 8), "int32")}).shape)
         (1, 8)
     """
+
+    weight_axes = dict.fromkeys(
+        f"discriminator_{part}/{weight}"
+        for part in ("dense", "prediction")
+        for weight in ("kernel", "bias")
+    )  # replicated
 
     backbone_cls = BertBackbone
 

@@ -96,6 +96,8 @@ class GPTClassifier(TaskModel):
         (2, 3)
     """
 
+    weight_axes = {"score/kernel": None}  # replicated
+
     backbone_cls = GPTBackbone
     task_arguments = ("num_classes", "classifier_dropout")
 

@@ -39,6 +39,14 @@ class TextBackbone(ConfiguredModel):
     `embed()` applies the embeddings; `logits()` is the (tied or untied) LM head.
     """
 
+    # Logical axes of each weight (see keras_transformers.distribution).
+    weight_axes = {
+        "logits_bias": ("vocab",),
+        "segment_embedding/embeddings": None,
+        "embedding_projection/kernel": None,
+        "embedding_projection/bias": None,
+    }
+
     stacks = "decoder"
     causal = True
 

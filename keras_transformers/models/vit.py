@@ -128,6 +128,8 @@ class ViTBackbone(_Resizable, ConfiguredModel):
         (1, 17, 32)
     """
 
+    weight_axes = {"pooler/kernel": None, "pooler/bias": None}  # replicated
+
     family = "vit"
 
     def __init__(self, config=None, *, dtype=None, name=None, **fields):
