@@ -1,18 +1,30 @@
 """Layouts for `keras.distribution`: data, tensor and expert parallelism.
 
-Every family is built from the same layers, so one table says how each kind
-of weight splits: a weight's *logical* axes (`"heads"`, `"mlp"`,
-`"vocab"`, `"experts"`, ...) come from its layer and variable name, and
-`MESH_AXES` maps logical axes to mesh axes. A logical axis is split only
-when the config's size for it divides the mesh axis (GQA's two K/V heads on a
-four-way `model` axis are replicated, not padded); everything not in the
-table (norms, biases of the output projections, positions, classifier
-heads) is replicated.
+Every layer that owns weights declares their *logical* axes next to where
+it creates them, in a `weight_axes` attribute (or method) mapping each
+weight's path below the layer to one name per dimension:
 
-The mesh has axes `batch` (data parallel), `model` (tensor parallel:
-attention heads, feed-forward width and vocabulary, the Megatron split: the
-input projections by columns, the output projections by rows) and, for MoE
-configs, `expert` (each device holds `num_experts / expert` experts).
+    class FeedForward(keras.layers.Layer):
+        weight_axes = {
+            "intermediate/kernel": ("embed", "mlp"),
+            "output/kernel": ("mlp", "embed"),
+            "output/bias": None,  # replicated
+        }
+
+`layout_map` builds the model abstractly (no weight is allocated), reads
+every layer's declarations (a layer or model can re-declare the weights of
+the layers it holds: the outermost declaration wins), and turns each weight
+into a rule of a `LayoutMap`: `MESH_AXES` maps the logical axes to mesh
+axes, and a dimension is split only when the mesh axis divides its size
+(GQA's two K/V heads on a four-way `model` axis are replicated, not
+padded). A weight that no layer declares is an error, and so is a rule that
+matches no weight, including one added to the map afterwards.
+
+The mesh has axes `batch` (data parallel), `model` (tensor parallelism
+over attention and linear-attention heads, feed-forward width and
+vocabulary: Megatron's split, the input projections by columns, the output
+projections by rows) and, for MoE configs, `expert` (each device holds
+`num_experts / expert` experts).
 
 Keras runs these layouts on the JAX backend. On TensorFlow use
 `tf.distribute.MirroredStrategy` (data parallel; see the README, "Scaling
@@ -27,50 +39,33 @@ Example (8 devices, a tiny model):
 
 from __future__ import annotations
 
+import difflib
 import math
+import random
 import re
 
 import keras
 
 from keras_transformers.config import TransformerConfig
 
-# (layer name, variable name) -> logical axes of the variable.
-WEIGHT_AXES = {
-    ("query", "kernel"): ("embed", "heads", "head_dim"),
-    ("query", "bias"): ("heads", "head_dim"),
-    ("key", "kernel"): ("embed", "kv_heads", "head_dim"),
-    ("key", "bias"): ("kv_heads", "head_dim"),
-    ("value", "kernel"): ("embed", "kv_heads", "head_dim"),
-    ("value", "bias"): ("kv_heads", "head_dim"),
-    ("attention_output", "kernel"): ("heads", "head_dim", "embed"),
-    ("intermediate", "kernel"): ("embed", "mlp"),
-    ("intermediate", "bias"): ("mlp",),
-    ("gate", "kernel"): ("embed", "mlp"),
-    ("gate", "bias"): ("mlp",),
-    ("output", "kernel"): ("mlp", "embed"),
-    ("token_embedding", "embeddings"): ("vocab", "embed"),
-    ("token_embedding", "reverse_embeddings"): ("embed", "vocab"),
-    ("masked_lm_head", "bias"): ("vocab",),
-    # The gated experts' kernel is [gate | up] along its last axis: split by
-    # experts only, so a device holds both halves of the experts it has.
-    ("moe", "expert_gate_up"): ("experts", "embed", "gate_up"),
-    ("moe", "expert_down"): ("experts", "mlp", "embed"),
-}
-
-# Logical axis -> mesh axis it is split over (absent: replicated).
+# Logical axis -> the mesh axis it is split over.
 MESH_AXES = {
     "heads": "model",
     "kv_heads": "model",
+    "linear_heads": "model",  # linear attention's value heads
     "mlp": "model",
     "vocab": "model",
     "experts": "expert",
 }
+# Logical axes that are named for clarity but always kept whole.
+WHOLE_AXES = ("embed", "head_dim", "gate_up", "linear_qkv", "positions")
 
 KINDS = ("auto", "data", "model")
 
 
 def axis_sizes(config: TransformerConfig) -> dict:
-    """The size of each logical axis in `config`."""
+    """The size of the logical axes of `config` that `mesh_shape` divides:
+    the largest that every layer's heads and feed-forward widths share."""
     moe = config.moe
     mlp = config.intermediate_dim
     if moe is not None:  # dense layers (if any) and experts share the rule
@@ -91,22 +86,238 @@ def axis_sizes(config: TransformerConfig) -> dict:
     }
 
 
-def _variable_pattern(layer: str, variable: str) -> str:
-    """Regex fully matching any path ending in `layer/variable`."""
-    return f"(.*/)?{re.escape(layer)}/{re.escape(variable)}"
+# ------------------------------------------------------------ declarations
+def _declared(layer) -> dict:
+    """`layer`'s `weight_axes` (a dict, or a method returning one)."""
+    axes = getattr(layer, "weight_axes", None)
+    return (axes() if callable(axes) else axes) or {}
 
 
-def layout_map(config: TransformerConfig, mesh) -> keras.distribution.LayoutMap:
-    """The `LayoutMap` of every weight of a `config` model over `mesh`.
+def _check_axes(layer, key: str, axes, variable) -> None:
+    if axes is None:
+        return
+    where = f"{type(layer).__name__}.weight_axes[{key!r}]"
+    if len(axes) != len(variable.shape):
+        raise ValueError(
+            f"{where} gives {len(axes)} axes {tuple(axes)} for the weight "
+            f"{variable.path!r} of shape {tuple(variable.shape)}."
+        )
+    unknown = [
+        a
+        for a in axes
+        if a is not None and a not in MESH_AXES | dict.fromkeys(WHOLE_AXES)
+    ]
+    if unknown:
+        raise ValueError(
+            f"{where} names unknown logical axes {unknown}; use None for an axis "
+            f"kept whole, or one of {sorted(MESH_AXES)} (split) or {list(WHOLE_AXES)}."
+        )
+
+
+def weight_axes(model) -> dict:
+    """`{weight path: logical axes}` of every weight of a built `model`, from
+    the `weight_axes` its layers declare (None: replicated).
+
+    Raises:
+        ValueError: a weight that no layer declares (naming the layer that
+            holds it), or a declaration of the wrong rank or with an unknown
+            logical axis.
+    """
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    declared, holder = {}, {}
+    for layer in layers:  # outer layers first: the outermost declaration wins
+        weights = layer.weights
+        for variable in weights:
+            holder[id(variable)] = layer  # ends as the innermost holder
+        declarations = _declared(layer)
+        if not declarations:
+            continue
+        for variable in weights:
+            key = _relative(layer, variable.path)
+            if key in declarations and id(variable) not in declared:
+                _check_axes(layer, key, declarations[key], variable)
+                declared[id(variable)] = declarations[key]
+    missing = [v for v in model.weights if id(v) not in declared]
+    if missing:
+        listed = ", ".join(
+            f"{v.path!r} (in a {type(holder[id(v)]).__name__})" for v in missing[:5]
+        )
+        raise ValueError(
+            f"No layer declares the layout of {len(missing)} weight(s): {listed}. "
+            "Add each to the `weight_axes` of the layer that creates it (its path "
+            "below that layer -> one logical axis per dimension, or None to "
+            "replicate it); see keras_transformers.distribution."
+        )
+    return {v.path: declared[id(v)] for v in model.weights}
+
+
+def _relative(layer, path: str) -> str:
+    """`path` below `layer`: after the layer's own path (a model has none:
+    its own weights are under its name, the layers it holds under theirs)."""
+    prefix = (getattr(layer, "path", None) or layer.name) + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+# ----------------------------------------------------------- abstract models
+def _never() -> None:
+    """An abstract variable's initializer: it is never given a value."""
+
+
+def _abstract(build):
+    """The model `build()` returns, built without allocating its weights."""
+    from keras_transformers.deferred import deferred_initialization
+
+    # Layers draw their seeds from Python's `random` when they are made: the
+    # model built next gets the seeds it would get without this one.
+    state = random.getstate()
+    with deferred_initialization() as created:  # every `add_weight`'s variable
+        try:
+            with keras.StatelessScope(initialize_variables=False):
+                model = build()
+        finally:  # also when `build` fails after creating weights
+            random.setstate(state)
+            # Keras initialises pending variables when a later stateless
+            # scope ends; these stay shapes only.
+            for variable, _ in created.values():
+                variable._deferred_initialize = _never
+            created.clear()
+    for variable in model.variables:  # with the seed generators' states
+        variable._deferred_initialize = _never
+    return model
+
+
+def _models(config: TransformerConfig, model) -> list:
+    """The models whose weights `layout_map` lays out: `model` itself (built),
+    built from `config` (a class) or by `model()`, or by default every
+    registered model class of the families whose backbone builds `config`."""
+    if isinstance(model, keras.Layer):
+        return [model]
+    if isinstance(model, type):
+        return [_abstract(lambda: model(config=config))]
+    if model is not None:
+        return [_abstract(model)]
+    from keras_transformers import registry
+
+    built = []
+    for family, (backbone_cls, _) in registry.families().items():
+        try:
+            backbone = _abstract(lambda b=backbone_cls: b(config=config))
+        except ValueError:  # a config of another family
+            continue
+        built.append(backbone)
+        for cls in registry.model_classes().values():
+            if cls.family == family and cls is not backbone_cls:
+                built.append(_abstract(lambda c=cls, b=backbone: c(backbone=b)))
+    if not built:
+        raise ValueError("No registered model class builds this config.")
+    return built
+
+
+# ----------------------------------------------------------------- layouts
+class DeclaredLayoutMap(keras.distribution.LayoutMap):
+    """A `LayoutMap` made from the layers' `weight_axes` (see `layout_map`)
+    that knows the model's weight paths: a rule added to it must match one
+    of them and no weight another rule already matches.
+
+    Attributes:
+        weight_paths: the path of every weight of the model(s) it lays out.
+    """
+
+    def __init__(self, device_mesh=None, weight_paths=()):
+        super().__init__(device_mesh)
+        self.weight_paths = tuple(weight_paths)
+
+    def __setitem__(self, key, layout):
+        matched = [p for p in self.weight_paths if re.fullmatch(key, p)]
+        if not matched:
+            near = difflib.get_close_matches(key, self.weight_paths, n=3, cutoff=0.3)
+            raise ValueError(
+                f"The layout rule {key!r} matches no weight of the model. "
+                f"Nearest weight paths: {near or list(self.weight_paths[:3])}."
+            )
+        for path in matched:
+            other = [k for k in self if re.fullmatch(k, path)]
+            if other:
+                raise ValueError(
+                    f"The layout rule {key!r} and the rule {other[0]!r} both match "
+                    f"{path!r}; remove that rule first (`del layout_map[{other[0]!r}]`)."
+                )
+        super().__setitem__(key, layout)
+
+
+def _mesh_axes(axes, shape, sizes: dict):
+    """The mesh axis of each dimension (None: kept whole), or None when the
+    weight is replicated."""
+    if axes is None:
+        return None
+    result, used = [], set()
+    for axis, size in zip(axes, shape):
+        mesh_axis = MESH_AXES.get(axis)
+        count = sizes.get(mesh_axis, 1)
+        split = count > 1 and mesh_axis not in used and size % count == 0
+        result.append(mesh_axis if split else None)
+        used.add(result[-1])
+    return tuple(result) if any(result) else None
+
+
+def _rules(layouts: dict, model_names: set) -> dict:
+    """`{regex: mesh axes}` for the split weights in `layouts`: one rule per
+    weight path, except that the blocks (`block_3/...`) with the same layout
+    share one; a model's name may carry Keras' `_N` suffix."""
+
+    def component(part: str) -> str:
+        base = re.sub(r"_\d+$", "", part)
+        return (
+            re.escape(base) + r"(?:_\d+)?" if part in model_names else re.escape(part)
+        )
+
+    groups: dict = {}
+    for path, axes in layouts.items():
+        if axes is None:
+            continue
+        head, *rest = path.split("/")
+        found = re.fullmatch(r"(.+)_(\d+)", head)
+        if found and rest and head not in model_names:
+            group = (re.escape(found[1]) + "_{}", tuple(rest), axes)
+            groups.setdefault(group, []).append(found[2])
+        else:
+            groups.setdefault(("{}", tuple(path.split("/")), axes), []).append(None)
+    rules = {}
+    for (head, rest, axes), indices in groups.items():
+        tail = "/".join(component(part) for part in rest)
+        if indices == [None]:
+            rules[tail] = axes
+            continue
+        number = indices[0] if len(indices) == 1 else f"(?:{'|'.join(indices)})"
+        rules[head.format(number) + "/" + tail] = axes
+    return rules
+
+
+def layout_map(
+    config: TransformerConfig, mesh, model=None
+) -> keras.distribution.LayoutMap:
+    """The `LayoutMap` of every weight of a `config` model over `mesh`, from
+    the `weight_axes` its layers declare.
 
     Args:
         config: the model's `TransformerConfig`.
         mesh: a `keras.distribution.DeviceMesh` whose axis names are among
             `batch`, `model` and `expert`.
+        model: what to lay out: None (every registered model class that
+            builds `config`, e.g. a BERT config's backbone, masked LM and
+            classifiers), a model class, a function returning a model (your
+            own layers, with their `weight_axes`), or a built model. Classes
+            and functions are built abstractly: no weight is allocated.
 
     Returns:
-        A `LayoutMap` (regex of the variable path -> `TensorLayout`); add
-        your own entries to it before building a `ModelParallel`.
+        A `DeclaredLayoutMap` (regex of the weight path -> `TensorLayout`)
+        with a rule for each split weight; add your own rules to it before
+        building a `ModelParallel` (each must match a weight no other rule
+        matches).
+
+    Raises:
+        ValueError: an unknown mesh axis name, or a weight that no layer
+            declares.
     """
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     unknown = set(sizes) - {"batch", "model", "expert"}
@@ -115,16 +326,28 @@ def layout_map(config: TransformerConfig, mesh) -> keras.distribution.LayoutMap:
             f"Unknown mesh axis names {sorted(unknown)}; use 'batch', 'model' and "
             "(for MoE) 'expert'."
         )
-    lengths = axis_sizes(config)
-    result = keras.distribution.LayoutMap(mesh)
-    for (layer, variable), axes in WEIGHT_AXES.items():
-        layout = []
-        for axis in axes:
-            mesh_axis = MESH_AXES.get(axis)
-            split = mesh_axis in sizes and lengths[axis] % sizes[mesh_axis] == 0
-            layout.append(mesh_axis if split and sizes[mesh_axis] > 1 else None)
-        if any(layout):
-            result[_variable_pattern(layer, variable)] = tuple(layout)
+    layouts, names = {}, set()
+    for built in _models(config, model):
+        names.update(
+            layer.name
+            for layer in built._flatten_layers(include_self=True)
+            if isinstance(layer, keras.Model)
+        )
+        weights = {v.path: tuple(v.shape) for v in built.weights}
+        for path, axes in weight_axes(built).items():
+            axes = _mesh_axes(axes, weights[path], sizes)
+            if layouts.setdefault(path, axes) != axes:
+                raise ValueError(
+                    f"Two models lay out {path!r} differently: {layouts[path]} and {axes}."
+                )
+    rules = _rules(layouts, names)
+    for path, axes in layouts.items():  # each weight gets its own layout
+        got = [rules[key] for key in rules if re.fullmatch(key, path)]
+        if got != ([axes] if axes else []):
+            raise AssertionError(f"Layout rules {got} for {path!r}, not {axes}.")
+    result = DeclaredLayoutMap(mesh, layouts)
+    for key, axes in rules.items():
+        keras.distribution.LayoutMap.__setitem__(result, key, axes)
     return result
 
 
@@ -159,7 +382,7 @@ def mesh_shape(config: TransformerConfig, num_devices: int, kind: str = "auto") 
     return shape
 
 
-def make_distribution(config: TransformerConfig, kind="auto", devices=None):
+def make_distribution(config: TransformerConfig, kind="auto", devices=None, model=None):
     """A `keras.distribution` for a `config` model.
 
     Args:
@@ -168,6 +391,8 @@ def make_distribution(config: TransformerConfig, kind="auto", devices=None):
             with `layout_map`; see `mesh_shape`), or a dict of mesh axis sizes,
             e.g. `{"batch": 2, "model": 4}`, whose product is the device count.
         devices: devices to use (default: all of `keras.distribution.list_devices()`).
+        model: what `layout_map` lays out (default: the registered model
+            classes that build `config`); see there.
 
     Returns:
         A `keras.distribution.Distribution`; activate it with
@@ -196,7 +421,7 @@ def make_distribution(config: TransformerConfig, kind="auto", devices=None):
         shape=tuple(shape.values()), axis_names=tuple(shape), devices=devices
     )
     return keras.distribution.ModelParallel(
-        layout_map=layout_map(config, mesh), batch_dim_name="batch"
+        layout_map=layout_map(config, mesh, model), batch_dim_name="batch"
     )
 
 

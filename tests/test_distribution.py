@@ -42,7 +42,7 @@ def _axes(layout_map, path):
 def test_layout_map_splits_heads_mlp_vocab_and_experts():
     config = load_config("mixtral_tiny")  # 4 heads, 2 KV heads, 4 experts
     layouts = kd.layout_map(config, _mesh(batch=1, expert=4, model=2))
-    assert _axes(layouts, "block_3/self_attention/query/kernel") == (
+    assert _axes(layouts, "block_1/self_attention/query/kernel") == (
         None,
         "model",
         None,
