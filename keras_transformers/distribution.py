@@ -188,11 +188,12 @@ def _abstract(build):
 
 def _models(config: TransformerConfig, model) -> list:
     """The models whose weights `layout_map` lays out: `model` itself (built),
-    built from `config` (a class) or by `model()`, or by default every
-    registered model class of the families whose backbone builds `config`."""
+    `model(config=config)` (a class, with a config), `model()`, or by default
+    every registered model class of the families whose backbone builds
+    `config`."""
     if isinstance(model, keras.Layer):
         return [model]
-    if isinstance(model, type):
+    if isinstance(model, type) and config is not None:
         return [_abstract(lambda: model(config=config))]
     if model is not None:
         return [_abstract(model)]
@@ -300,14 +301,17 @@ def layout_map(
     the `weight_axes` its layers declare.
 
     Args:
-        config: the model's `TransformerConfig`.
+        config: the model's `TransformerConfig` (None when `model` builds
+            a model without one).
         mesh: a `keras.distribution.DeviceMesh` whose axis names are among
             `batch`, `model` and `expert`.
         model: what to lay out: None (every registered model class that
             builds `config`, e.g. a BERT config's backbone, masked LM and
-            classifiers), a model class, a function returning a model (your
-            own layers, with their `weight_axes`), or a built model. Classes
-            and functions are built abstractly: no weight is allocated.
+            classifiers), a model class (built from `config`, or with no
+            arguments when `config` is None), a function returning a model
+            (your own layers, with their `weight_axes`), or a built model.
+            Classes and functions are built abstractly: no weight is
+            allocated.
 
     Returns:
         A `DeclaredLayoutMap` (regex of the weight path -> `TensorLayout`)
