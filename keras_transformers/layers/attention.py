@@ -12,7 +12,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend import call_layer
-from keras_transformers.layers import kv_sharing, ring_cache, row_cache
+from keras_transformers.layers import core, kv_sharing, ring_cache, row_cache
 from keras_transformers.layers.attention_scores import attend
 from keras_transformers.layers.core import EinsumDense, RMSNormalization, seeded_dropout
 from keras_transformers.layers.kv_sharing import scale_free_rms
@@ -149,19 +149,7 @@ class MultiHeadAttention(keras.layers.Layer):
     """
 
     # Logical axes of each weight (see keras_transformers.distribution).
-    weight_axes = {
-        "query/kernel": ("embed", "heads", "head_dim"),
-        "query/bias": ("heads", "head_dim"),
-        "key/kernel": ("embed", "kv_heads", "head_dim"),
-        "key/bias": ("kv_heads", "head_dim"),
-        "value/kernel": ("embed", "kv_heads", "head_dim"),
-        "value/bias": ("kv_heads", "head_dim"),
-        "output_gate/kernel": ("embed", "heads", "head_dim"),
-        "output_gate/bias": ("heads", "head_dim"),
-        "attention_output/kernel": ("heads", "head_dim", "embed"),
-        "attention_output/bias": None,
-        "sinks": ("heads",),
-    }
+    weight_axes = core.ATTENTION_WEIGHT_AXES
 
     def __init__(
         self,

@@ -154,6 +154,23 @@ class EinsumDense(_FusedProjection, keras.layers.EinsumDense):
         return _contracted_axes(self.equation, self.bias_axes)
 
 
+# Logical axes of the weights of `layers.attention.MultiHeadAttention` (its
+# projections are `EinsumDense`s; see keras_transformers.distribution).
+ATTENTION_WEIGHT_AXES = {
+    "query/kernel": ("embed", "heads", "head_dim"),
+    "query/bias": ("heads", "head_dim"),
+    "key/kernel": ("embed", "kv_heads", "head_dim"),
+    "key/bias": ("kv_heads", "head_dim"),
+    "value/kernel": ("embed", "kv_heads", "head_dim"),
+    "value/bias": ("kv_heads", "head_dim"),
+    "output_gate/kernel": ("embed", "heads", "head_dim"),
+    "output_gate/bias": ("heads", "head_dim"),
+    "attention_output/kernel": ("heads", "head_dim", "embed"),
+    "attention_output/bias": None,
+    "sinks": ("heads",),
+}
+
+
 class _Float32Norm:
     @property
     def _float32(self):
