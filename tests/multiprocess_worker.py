@@ -11,7 +11,10 @@ XLA_FLAGS).
   steps are trained (their losses: `then`);
 - `restore` (a saved state) and `restore_into` (`[preset, distribution]`):
   a fresh model loads the state and trains `THEN` steps (`restored`).
-- `backup` (with `interrupt`, `weights`): `resumed_fit`.
+- `backup` (with `interrupt`, `weights`): `resumed_fit`;
+- `unreachable`: first, `initialize` with this coordinator nobody serves
+  (its `TimeoutError` reported); `cli`: last, run `keras-transformers` with
+  these arguments.
 Process 0 writes the losses to `out` as JSON.
 """
 
@@ -26,7 +29,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_transformers import data, from_preset, multiprocess  # noqa: E402
+from keras_transformers import cli, data, from_preset, multiprocess  # noqa: E402
 from keras_transformers.training import (  # noqa: E402
     AdamW,
     MaskedSparseCategoricalCrossentropy,
@@ -82,11 +85,16 @@ def train(model, steps, seed=0):
 
 
 def main(spec):
+    out = {"losses": []}
+    if spec.get("unreachable"):  # a coordinator nobody serves
+        try:
+            multiprocess.initialize(spec["unreachable"], 2, 1, timeout=1)
+        except TimeoutError as error:
+            out["unreachable"] = str(error)
     if spec.get("num_processes", 1) > 1:
         multiprocess.initialize(
             spec["coordinator"], spec["num_processes"], spec["process_id"], timeout=60
         )
-    out = {"losses": []}
     model = None
     for preset, distribution in spec.get("fits", []):
         model = build(preset, distribution)
@@ -104,6 +112,8 @@ def main(spec):
     if multiprocess.is_primary():
         with open(spec["out"], "w") as f:
             json.dump(out, f)
+    if spec.get("cli"):  # last: the command sets its own distribution
+        assert cli.main(spec["cli"]) == 0
 
 
 class Interrupt(keras.callbacks.Callback):
