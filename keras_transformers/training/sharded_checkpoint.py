@@ -179,6 +179,10 @@ class ShardedBackupAndRestore(BackupAndRestore):
         if os.path.exists(self._training_metadata_path):
             with open(self._training_metadata_path) as f:
                 previous = json.load(f).get(STATE_KEY)
+        if os.path.exists(state):  # a save that died before its metadata
+            if multiprocess.is_primary():
+                shutil.rmtree(state)
+            multiprocess.sync(f"backup:cleared:{state}")
         save_state(self.model, state)
         if multiprocess.is_primary():
             record = {
