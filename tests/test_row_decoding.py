@@ -2,7 +2,9 @@
 `cache_index`, as continuous batching runs them): each row's logits equal
 the same row decoded alone, for rotary and learned positions, GQA, sliding
 windows (ring caches shorter than the buffer), sparse MoE and linear
-attention; the errors name the fix."""
+attention; a step of the first rows of a bigger cache (a server's busy
+rows) decodes them alike and leaves the other rows as they were; the
+errors name the fix."""
 
 import keras
 import numpy as np
@@ -43,7 +45,18 @@ def _stack(caches):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_rows_at_their_own_positions_decode_as_alone(name):
-    lm = MODELS[name]()
+    _decode_rows_as_alone(MODELS[name](), spare_rows=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "sliding"])
+def test_the_first_rows_of_a_bigger_cache_decode_as_alone(name):
+    _decode_rows_as_alone(MODELS[name](), spare_rows=2)
+
+
+def _decode_rows_as_alone(lm, spare_rows):
+    """Decodes `PROMPTS`' rows together, at their own positions, in a cache
+    with `spare_rows` more rows after them (filled with noise, which the
+    steps must leave as it is)."""
     rng = np.random.default_rng(0)
     vocabulary = lm.backbone.config.vocabulary_size
     steps = rng.integers(1, vocabulary, (3, len(PROMPTS)))  # fed tokens
@@ -58,13 +71,22 @@ def test_rows_at_their_own_positions_decode_as_alone(name):
             out, cache = lm.call_with_cache(ids, cache, len(prompt) + k)
             logits.append(to_numpy(out)[0, 0])
         alone.append(logits)
-    cache = _stack(caches)
+    spare = keras.tree.map_structure(
+        lambda c: rng.standard_normal((spare_rows, *c.shape[1:])).astype("float32"),
+        caches[0],
+    )
+    cache = _stack([*caches, spare] if spare_rows else caches)
     for k in range(len(steps)):
         index = np.array([len(p) + k for p in PROMPTS], "int32")
         ids = steps[k][:, None].astype("int32")
         out, cache = lm.call_with_cache(ids, cache, keras.ops.convert_to_tensor(index))
+        assert to_numpy(out).shape[0] == len(PROMPTS)
         for row in range(len(PROMPTS)):
             assert_close(to_numpy(out)[row, 0], alone[row][k], atol=1e-5)
+    if spare_rows:
+        kept = keras.tree.map_structure(lambda c: to_numpy(c)[len(PROMPTS) :], cache)
+        for got, want in zip(keras.tree.flatten(kept), keras.tree.flatten(spare)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_a_row_index_takes_one_token_per_row():

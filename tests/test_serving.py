@@ -3,14 +3,17 @@ against a real server process on 127.0.0.1: greedy replies equal
 `lm.chat` / `lm.generate` in-process, streamed text equals the
 non-streamed text, stopping by end token, stop string and `max_tokens`,
 seeded sampling repeats, bad requests get OpenAI-shaped 4xx errors while
-the server keeps serving, concurrent clients all finish, and embeddings
-equal `TextEmbedder.encode`."""
+the server keeps serving, concurrent clients all finish, a client that
+leaves mid-stream frees its slot (`GET /stats`), and embeddings equal
+`TextEmbedder.encode`."""
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -195,6 +198,35 @@ def test_concurrent_clients_all_finish_with_their_own_replies(server):
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
         replies = list(pool.map(lambda q: _chat(client, q), QUESTIONS))
     assert [r.choices[0].message.content for r in replies] == alone
+
+
+def _stats(client) -> dict:
+    url = str(client.base_url).rstrip("/").removesuffix("/v1") + "/stats"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.load(answer)
+
+
+def test_a_client_leaving_mid_stream_frees_its_slot(server):
+    client, _ = server
+    for token in range(3, 13):  # a one-token prompt whose reply fills the cache
+        request = dict(model="tiny", prompt=[token], max_tokens=MAX_LENGTH - 1)
+        whole = client.completions.create(temperature=0, **request)
+        if whole.choices[0].finish_reason == "length":
+            break
+    else:
+        pytest.skip("the random model's replies all end before the cache does")
+    before = _stats(client)
+    assert before["slots"] == 4 and before["slots_busy"] == 0
+    stream = client.completions.create(temperature=0, stream=True, **request)
+    next(iter(stream))  # the reply has begun
+    stream.close()
+    deadline = time.time() + 60
+    while (after := _stats(client))["slots_busy"] and time.time() < deadline:
+        time.sleep(0.02)
+    assert after["slots_busy"] == 0
+    cancelled = after["requests_finished"]["cancelled"]
+    assert cancelled == before["requests_finished"]["cancelled"] + 1
+    assert after["tokens_generated"] - before["tokens_generated"] < MAX_LENGTH - 1
 
 
 @pytest.mark.parametrize(

@@ -174,3 +174,56 @@ def test_text_stream_holds_back_what_may_change():
     assert stream.push(ord("N")) == ("b", False)
     assert stream.push(ord("D")) == ("", True)  # "END" is not sent
     assert stream.text == "é!ab"
+
+
+class _Pieces:
+    """A tokenizer of fixed byte pieces (`pieces[id]`), decoded as one UTF-8
+    string with errors replaced; `sentencepiece=True`: "▁" is a space, and a
+    text's leading space is dropped, as SentencePiece decodes."""
+
+    def __init__(self, pieces, sentencepiece=False):
+        self.pieces, self.sentencepiece = pieces, sentencepiece
+
+    def decode(self, ids):
+        text = b"".join(self.pieces[i] for i in ids).decode("utf-8", "replace")
+        if self.sentencepiece:
+            text = text.replace("▁", " ")
+            text = text[1:] if text.startswith(" ") else text
+        return text
+
+
+@pytest.mark.parametrize("kind", ["bytes", "pairs", "sentencepiece", "bpe"])
+def test_text_stream_sends_the_whole_decoding(kind):
+    """Pushed token by token, the text sent (and flushed) equals decoding
+    the whole reply, for characters split across tokens (one byte per
+    token, or two-byte pieces that end mid-character) and SentencePiece's
+    leading space; no piece sent holds half a character."""
+    text = "héllo wörld — 価格 😀 done, ok€!"
+    data = text.encode()
+    if kind == "bpe":
+        from keras_transformers.tokenizer import train_bpe
+
+        tokenizer = train_bpe([text, "hello world, ok"] * 4, vocabulary_size=280)
+        ids = tokenizer.encode(text)
+    elif kind == "sentencepiece":
+        words = ["▁" + w for w in text.split(" ")]
+        tokenizer = _Pieces([w.encode() for w in words], sentencepiece=True)
+        ids = list(range(len(words)))
+    else:
+        size = 1 if kind == "bytes" else 2
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        tokenizer, ids = _Pieces(pieces), list(range(len(pieces)))
+    for stops in ((), ("wör", "XYZW")):
+        stream, sent = TextStream(tokenizer, stops), []
+        for token in ids:
+            piece, stopped = stream.push(token)
+            assert "\ufffd" not in piece
+            sent.append(piece)
+            if stopped:
+                break
+        else:
+            sent.append(stream.flush())
+        whole = tokenizer.decode(ids)
+        assert whole == text
+        assert "".join(sent) == (whole[: whole.find("wör")] if stops else whole)
+        assert stream.text == "".join(sent)

@@ -1,5 +1,5 @@
 """KV-cache writes for rows at different positions (continuous batching):
-one entry per row, or a whole row."""
+one entry per row, a whole row, or the rows one decoding step runs on."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import keras
 
 
 def update_cache_rows(cache, update, index):
-    """Writes `update [B, 1, ...]` into `cache [B, S, ...]`, row `b` at its
-    own position `index[b]` (`index`: `[B]` int): a decoding step of rows
-    that are at different positions (continuous batching).
+    """Writes `update [n, 1, ...]` into `cache [B, S, ...]` (`B >= n`), row
+    `b < n` at its own position `index[b]` (`index`: `[n]` int): a decoding
+    step of rows that are at different positions (continuous batching).
 
     PyTorch without autograd writes in place (`index_put_`); elsewhere a
     `keras.ops.scatter_update` of one entry per row, which XLA performs in
@@ -18,8 +18,8 @@ def update_cache_rows(cache, update, index):
         import torch
 
         if not torch.is_grad_enabled():
-            rows = torch.arange(cache.shape[0], device=cache.device)
             position = torch.as_tensor(index, device=cache.device).long()
+            rows = torch.arange(position.shape[0], device=cache.device)
             return cache.index_put_((rows, position), update[:, 0].to(cache.dtype))
     update = keras.ops.cast(update[:, 0], cache.dtype)  # [B, ...]
     index = keras.ops.cast(index, "int32")
@@ -62,3 +62,36 @@ def copy_row(cache, source, target):
     scalar int tensors)."""
     row = keras.ops.take(cache, keras.ops.reshape(source, (1,)), axis=0)
     return write_row(cache, row, target)
+
+
+def take_rows(cache, rows):
+    """The rows of `cache [B, ...]` a decoding step runs on: `rows` an int
+    `n` (the first `n` rows: on PyTorch a view, written in place by the
+    step) or a `[n]` int tensor of distinct row ids (`keras.ops.take`).
+
+    Inside a compiled step whose cache is donated, take the rows by a
+    tensor of ids rather than by a static slice: XLA fuses a static slice
+    into the step's last write of the rows and then copies the whole cache
+    twice per step (measured on CPU: 10 ms of a 40 ms step, 8 rows of 256
+    positions, 30 layers), while a gather of ids leaves the cache in place."""
+    if isinstance(rows, int):
+        return cache[:rows]
+    return keras.ops.take(cache, rows, axis=0)
+
+
+def put_rows(cache, part, rows):
+    """`cache [B, ...]` with the rows `take_rows(cache, rows)` took replaced
+    by `part [n, ...]` (a step's updated rows). An int `rows`:
+    `write_leading_rows`; a tensor: one `keras.ops.scatter_update` of whole
+    rows (in place inside a compiled step whose cache is donated, and on
+    PyTorch without autograd: `index_copy_`)."""
+    if isinstance(rows, int):
+        return write_leading_rows(cache, part)
+    if keras.config.backend() == "torch":
+        import torch
+
+        if not torch.is_grad_enabled():
+            ids = torch.as_tensor(rows, device=cache.device).long()
+            return cache.index_copy_(0, ids, part.to(cache.dtype))
+    ids = keras.ops.reshape(keras.ops.cast(rows, "int32"), (-1, 1))  # [n, 1]
+    return keras.ops.scatter_update(cache, ids, keras.ops.cast(part, cache.dtype))

@@ -9,6 +9,13 @@ positions `0 .. cache_index[b]` (for a causal sliding window, the last
 `sliding_window` of them); rotary and learned positions are per row too
 (`GPTBackbone.call`). A full-length cache keeps position `p` in slot `p`,
 a ring cache (a sliding window's, see `ring_cache`) in slot `p % L`.
+
+The cache may hold more rows than the step decodes (`B >= n` for `n` new
+tokens): rows `0 .. n-1` decode and the rest stay as they are (a server's
+free rows). A server then passes its whole cache to every step, whatever
+the number of busy rows, and each step writes one entry per busy row in
+place instead of taking and putting back their rows (see
+`keras_transformers.serving`).
 """
 
 from __future__ import annotations
@@ -35,17 +42,18 @@ def row_positions(cache_index, length: int):
 
 
 def update(cache, key, value, cache_index, window, padding_mask=None):
-    """Writes one new `key`, `value` per row (`[B, 1, K, H]`, row `b` at
+    """Writes one new `key`, `value` per row (`[n, 1, K, H]`, row `b` at
     position `cache_index[b]`) into `cache` (a `(key, value)` pair of
-    `[B, L, K, H]`; with a causal sliding `window` (an int; None or False:
-    none), a ring of the last `L` positions, see `ring_cache`).
+    `[B, L, K, H]`, `B >= n`: the first `n` rows are written; with a causal
+    sliding `window` (an int; None or False: none), a ring of the last `L`
+    positions, see `ring_cache`).
 
     Returns:
         `(key, value, cache, visible)`: the keys and values to attend to
-        (the updated cache), the cache again, and `visible` `[B, L]` bool:
-        the slots row `b`'s query sees (written, not after its position,
-        within `window` of it when given, and True in `padding_mask`
-        `[B, L]` when given).
+        (the updated cache's first `n` rows, `[n, L, K, H]`), the whole
+        updated cache, and `visible` `[n, L]` bool: the slots row `b`'s
+        query sees (written, not after its position, within `window` of it
+        when given, and True in `padding_mask` `[n, L]` when given).
 
     Raises:
         ValueError: more than one new token per row.
@@ -61,6 +69,9 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
     slot = ops.mod(index, length) if ring else index
     keys = update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
     values = update_cache_rows(cache[1], value, slot)
+    cache, rows = (keys, values), key.shape[0]
+    if rows != keys.shape[0]:  # the first n rows decode
+        keys, values = keys[:rows], values[:rows]  # [n, L, K, H]
     slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
     last = index[:, None]  # [B, 1]
     held = ring_cache.positions(last, length) if ring else slots  # [B|1, L]
@@ -69,7 +80,7 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
         visible = ops.logical_and(visible, held > last - window)
     if padding_mask is not None:
         visible = ops.logical_and(visible, ops.cast(padding_mask, "bool"))
-    return keys, values, (keys, values), visible
+    return keys, values, cache, visible
 
 
 __all__ = ["is_row_index", "row_positions", "update"]

@@ -3,7 +3,8 @@ keras-transformers[serve]`).
 
 Routes: `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and
 `POST /v1/completions` (decoded by one continuous-batching `Engine`,
-streamed as server-sent events with `stream: true`); for a `TextEmbedder`
+streamed as server-sent events with `stream: true`) and `GET /stats` (the
+engine's counts as JSON, see `Engine.stats`); for a `TextEmbedder`
 `POST /v1/embeddings`. A refused request gets a 4xx answer with OpenAI's
 error body, and the server keeps serving.
 """
@@ -294,6 +295,10 @@ def create_app(
     async def embeddings(http):
         return await _embeddings(served, http)
 
+    async def stats(http):
+        engine = served.engine
+        return JSONResponse({"model": model_id, **(engine.stats() if engine else {})})
+
     async def api_error(http, error: APIError):
         return JSONResponse(error.body(), status_code=error.status)
 
@@ -309,6 +314,7 @@ def create_app(
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
+            Route("/stats", stats, methods=["GET"]),
         ],
         exception_handlers={APIError: api_error, HTTPException: http_error},
         lifespan=_lifespan,

@@ -6,12 +6,16 @@ The engine keeps one KV cache of `slots` rows and `max_length` positions
 prefilled on its own (a cache of one row, then written into the batch's
 row), and from then on every decoding step advances all busy rows at once,
 each at its own position (a `[B]` `cache_index`, see
-`keras_transformers.layers.row_cache`). A finished or cancelled request
-frees its row at once; the next waiting one takes it before the next step.
-On JAX and TensorFlow the step is one compiled program (the cache buffer
-donated on JAX, so it is updated in place), prefills one program per
-prompt bucket; PyTorch runs them eagerly without autograd, writing the
-cache in place.
+`keras_transformers.layers.row_cache`). The busy rows are kept at the front
+and a step decodes the first `n` of them (`n` a power of two) with the
+whole cache: each attention layer writes one entry per row in place, so a
+step costs what its rows cost, whatever the number of slots (a model with
+recurrent states takes its rows out of the cache and puts them back). A
+finished or cancelled request frees its row at once; the next waiting one
+takes it before the next step. On JAX and TensorFlow the step is one
+compiled program (the cache buffer donated on JAX, so it is updated in
+place), prefills one program per prompt bucket; PyTorch runs them eagerly
+without autograd, writing the cache in place.
 
 All model calls happen on the engine's own thread; `submit` and `cancel`
 may be called from any thread, and each request reports its text through
@@ -31,7 +35,8 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend.rows import copy_row, write_leading_rows, write_row
+from keras_transformers.backend.rows import copy_row, put_rows, take_rows, write_row
+from keras_transformers.config.layer_types import recurrent
 from keras_transformers.generation.generate import BUCKET, _prefix_length
 from keras_transformers.serving.text import TextStream
 
@@ -115,6 +120,11 @@ class Engine:
         self._waiting: collections.deque = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._ids: dict = {}  # row ids per step size (`_row_ids`)
+        reasons = ("stop", "length", "cancelled", "error")
+        self._finished = collections.Counter(dict.fromkeys(reasons, 0))
+        self._tokens = 0  # reply tokens generated
+        self._in_place = not recurrent(config)
         self._functions()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -159,25 +169,44 @@ class Engine:
         """Requests decoding now."""
         return sum(r is not None for r in self._rows)
 
+    def stats(self) -> dict:
+        """The engine's counts: `slots`, `slots_busy`, `requests_waiting`,
+        `requests_finished` (per finish reason: "stop", "length",
+        "cancelled", "error"), `tokens_generated` (reply tokens, all
+        requests)."""
+        with self._wake:
+            waiting = len(self._waiting)
+        return {
+            "slots": self.slots,
+            "slots_busy": self.busy,
+            "requests_waiting": waiting,
+            "requests_finished": dict(self._finished),
+            "tokens_generated": self._tokens,
+        }
+
     # ------------------------------------------------------------- programs
     def _functions(self):
         model, length = self.model, self.max_length
         policy = model.dtype_policy
         direct = policy.compute_dtype == policy.variable_dtype
 
-        def decode(tokens, cache, index, greedy):  # the first n rows: [n, 1], [n]
-            rows = tokens.shape[0]
-            part = keras.tree.map_structure(lambda c: c[:rows], cache)
-            logits, part = model.call_with_cache(tokens, part, index)
-            cache = keras.tree.map_structure(write_leading_rows, cache, part)
+        def decode(tokens, cache, index, rows, greedy):  # [n, 1], [n], rows
+            if rows is None:  # the whole cache; its first n rows decode in place
+                logits, cache = model.call_with_cache(tokens, cache, index)
+            else:
+                part = keras.tree.map_structure(lambda c: take_rows(c, rows), cache)
+                logits, part = model.call_with_cache(tokens, part, index)
+                cache = keras.tree.map_structure(
+                    lambda c, p: put_rows(c, p, rows), cache, part
+                )
             logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
             return (ops.argmax(logits, -1) if greedy else logits), cache
 
-        def greedy(tokens, cache, index):  # -> next ids [n]
-            return decode(tokens, cache, index, True)
+        def greedy(tokens, cache, index, rows):  # -> next ids [n]
+            return decode(tokens, cache, index, rows, True)
 
-        def sampled(tokens, cache, index):  # -> logits [n, V]
-            return decode(tokens, cache, index, False)
+        def sampled(tokens, cache, index, rows):  # -> logits [n, V]
+            return decode(tokens, cache, index, rows, False)
 
         def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
             cache = model.backbone.init_cache(1, length)
@@ -280,7 +309,7 @@ class Engine:
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
         decode = self._greedy if greedy else self._sampled
-        out, self._cache = decode(tokens, self._cache, index)
+        out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
         out = np.asarray(ops.convert_to_numpy(out))
         for slot in range(busy):
             self._index[slot] += 1
@@ -288,6 +317,21 @@ class Engine:
                 self._feed[slot] = self._pending[slot].pop(0)
                 continue
             self._advance(slot, *((None, int(out[slot])) if greedy else (out[slot],)))
+
+    def _row_ids(self, rows: int):
+        """How a step takes the first `rows` rows: None, the whole cache
+        (attention caches take a step of fewer rows, see
+        `keras_transformers.layers.row_cache`); for a model with recurrent
+        states (which hold one row per token) the rows, for `take_rows`:
+        an int where PyTorch runs the step eagerly (a view of the cache),
+        else an int32 tensor of their ids, made once per size."""
+        if self._in_place:
+            return None
+        if backend.eager_loops():
+            return rows
+        if rows not in self._ids:
+            self._ids[rows] = ops.convert_to_tensor(np.arange(rows, dtype="int32"))
+        return self._ids[rows]
 
     def _compact(self) -> int:
         """Moves busy rows into the free slots before them; returns how many
@@ -315,6 +359,7 @@ class Engine:
         if token in request.stop_ids:
             return self._finish(slot, "stop")
         request.tokens.append(token)
+        self._tokens += 1
         text, stopped = self._texts[slot].push(token)
         if stopped:
             return self._finish(slot, "stop", text, stopped=True)
@@ -336,10 +381,10 @@ class Engine:
         self._index[slot] = self._feed[slot] = 0
         self._report(request, text, reason)
 
-    @staticmethod
-    def _report(request: Request, text: str, reason):
+    def _report(self, request: Request, text: str, reason):
         if reason is not None:
             request.finish_reason = reason
+            self._finished[reason.split(":")[0]] += 1
         if request.on_event is not None:
             request.on_event(text, reason)
 
