@@ -47,6 +47,7 @@ import re
 import keras
 
 from keras_transformers.config import TransformerConfig
+from keras_transformers.multiprocess import process_count
 
 # Logical axis -> the mesh axis it is split over.
 MESH_AXES = {
@@ -360,15 +361,18 @@ def _largest_divisor(n: int, *sizes: int) -> int:
     return math.gcd(n, *sizes)
 
 
-def mesh_shape(config: TransformerConfig, num_devices: int, kind: str = "auto") -> dict:
+def mesh_shape(
+    config: TransformerConfig, num_devices: int, kind: str = "auto", per_host: int = 8
+) -> dict:
     """The mesh axes `make_distribution` picks for `num_devices`.
 
     `"data"`: every device on `batch`. `"model"`: experts over `expert` (as
     many as divide both), then the largest `model` axis dividing the heads
     and the feed-forward width, the rest on `batch`. `"auto"`: like
-    `"model"`, but the `model` axis is at most 8 (one host's accelerators:
-    tensor parallelism across hosts is slow), so larger meshes get data
-    parallelism over hosts.
+    `"model"`, but the `model` axis is at most `per_host` (one host's
+    accelerators, 8 by default; `make_distribution` passes the devices of
+    one process when several run: tensor parallelism across hosts is slow),
+    so larger meshes get data parallelism over hosts.
     """
     if kind not in KINDS:
         raise ValueError(f"distribution kind must be one of {KINDS}; got {kind!r}.")
@@ -379,7 +383,8 @@ def mesh_shape(config: TransformerConfig, num_devices: int, kind: str = "auto") 
     rest = num_devices // expert
     model = _largest_divisor(rest, lengths["heads"], lengths["mlp"])
     if kind == "auto":
-        model = max(d for d in range(1, min(model, 8) + 1) if model % d == 0)
+        cap = max(1, min(model, per_host))
+        model = max(d for d in range(1, cap + 1) if model % d == 0)
     shape = {"batch": rest // model, "model": model}
     if config.moe:
         shape = {"batch": shape["batch"], "expert": expert, "model": model}
@@ -415,7 +420,8 @@ def make_distribution(config: TransformerConfig, kind="auto", devices=None, mode
     elif kind == "data":
         return keras.distribution.DataParallel(devices=devices)
     else:
-        shape = mesh_shape(config, len(devices), kind)
+        per_host = min(8, max(1, len(devices) // process_count()))
+        shape = mesh_shape(config, len(devices), kind, per_host)
     if math.prod(shape.values()) != len(devices):
         raise ValueError(
             f"The mesh {shape} needs {math.prod(shape.values())} devices, but "

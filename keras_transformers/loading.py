@@ -184,7 +184,7 @@ def _activate_distribution(handle, data: dict, cls, distribution, overrides):
         task = preset_io.cls_task_arguments(target)
         fields = {k: v for k, v in overrides.items() if k not in task}
         config = _config(data, handle, fields)
-        distribution = make_distribution(config, distribution)
+        distribution = make_distribution(config, distribution, model=target)
     keras.distribution.set_distribution(distribution)
 
 

@@ -98,6 +98,8 @@ def test_mesh_shapes():
     big = load_config("llama2_7b")  # 32 heads: the auto model axis stops at 8
     assert kd.mesh_shape(big, 64, "model") == {"batch": 2, "model": 32}
     assert kd.mesh_shape(big, 64, "auto") == {"batch": 8, "model": 8}
+    # 16 hosts of 4 devices: the model axis stays inside one host
+    assert kd.mesh_shape(big, 64, "auto", per_host=4) == {"batch": 16, "model": 4}
     moe = load_config("mixtral_8x7b")  # 8 experts, 32 heads, 8 KV heads
     assert kd.mesh_shape(moe, 16, "auto") == {"batch": 1, "expert": 8, "model": 2}
     with pytest.raises(ValueError, match="one of"):
