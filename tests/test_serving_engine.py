@@ -1,8 +1,9 @@
 """The continuous-batching `Engine` in-process: requests that join while
 others decode, and long prompts on a sliding-window model (prefilled in
-whole buckets, the rest fed step by step), reply as `generate` does; a
-cancelled request frees its row for the next one; `TextStream` holds back
-split characters and stop-string beginnings."""
+whole buckets, the rest fed step by step), and a recurrent model's rows,
+reply as `generate` does; a cancelled request frees its row for the next
+one; `TextStream` holds back split characters and stop-string beginnings
+and sends what decoding the whole reply gives."""
 
 import threading
 
@@ -80,6 +81,23 @@ def test_requests_joining_a_running_batch_reply_as_generate(sliding):
     for request, prompt in zip(requests, prompts):
         assert request.tokens == _expected(lm, prompt)
         assert request.finish_reason == "length"
+
+
+def test_a_recurrent_model_takes_its_rows_out_and_back():
+    """Linear attention keeps a recurrent state per row: a step of fewer
+    rows than slots takes them out of the cache and puts them back."""
+    from test_row_decoding import _linear_attention
+
+    lm = _linear_attention()
+    lm.tokenizer = _Chars()
+    prompts = [[5, 9, 2], [7, 1, 3]]
+    engine = Engine(lm, slots=2, max_length=32)
+    try:
+        requests = _run(engine, prompts, gap=True)
+    finally:
+        engine.close()
+    for request, prompt in zip(requests, prompts):
+        assert request.tokens == _expected(lm, prompt)
 
 
 def test_rows_move_forward_when_an_earlier_one_finishes():

@@ -321,11 +321,12 @@ class Engine:
     def _row_ids(self, rows: int):
         """How a step takes the first `rows` rows: None, the whole cache
         (attention caches take a step of fewer rows, see
-        `keras_transformers.layers.row_cache`); for a model with recurrent
-        states (which hold one row per token) the rows, for `take_rows`:
-        an int where PyTorch runs the step eagerly (a view of the cache),
-        else an int32 tensor of their ids, made once per size."""
-        if self._in_place:
+        `keras_transformers.layers.row_cache`; and every cache a step of
+        all its rows); for a model with recurrent states (which hold one
+        row per token) the rows, for `take_rows`: an int where PyTorch runs
+        the step eagerly (a view of the cache), else an int32 tensor of
+        their ids, made once per size."""
+        if self._in_place or rows == self.slots:
             return None
         if backend.eager_loops():
             return rows
