@@ -49,14 +49,32 @@ def call_layer(layer, *args, **kwargs):
     return layer(*args, **kwargs)
 
 
+def call_block(layer, *args, **kwargs):
+    """`call_layer` for a whole transformer block: inside `direct_calls`,
+    `layer.call` directly unless Keras' `Layer.__call__` has work to do for
+    it (rematerialisation, an activity regularizer). That spares a
+    training step Keras' per-call bookkeeping (its call spec, argument
+    binding, traceback wrapper and name scope) for every block; callers
+    pass `training` explicitly."""
+    if (
+        _DIRECT_CALLS[0]
+        and layer.built
+        and getattr(layer, "_remat_mode", None) is None
+        and layer.activity_regularizer is None
+    ):
+        return layer.call(*args, **kwargs)
+    return layer(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def direct_calls(layers):
     """While PyTorch runs `layers` (transformer blocks) eagerly, `call_layer`
     inside them calls their sub-layers directly. Only where every layer
     computes in its variables' dtype (no autocasting, which `Layer.__call__`
-    does); the blocks themselves are still called through `Layer.__call__`
-    (rematerialisation, losses and the call context stay Keras'). Elsewhere,
-    and when already direct, nothing changes."""
+    does); `call_block` calls the blocks themselves directly too, except
+    where Keras must run them (rematerialisation); the model's own call
+    still clears and collects losses. Elsewhere, and when already direct,
+    nothing changes."""
     if (
         keras.config.backend() != "torch"
         or _DIRECT_CALLS[0]
@@ -363,9 +381,13 @@ def linear(x, kernel, bias, contracted):
     c, o = math.prod(inner), math.prod(outer)
     if contracted > 1:
         x = x.reshape(*x.shape[:-contracted], c)
-    if bias is not None:
+    # Reshapes only where needed: each is a view that autograd records and
+    # walks back in a training step (~10 us per projection each way).
+    if bias is not None and bias.ndim != 1:
         bias = bias.reshape(o)
-    out = torch.nn.functional.linear(x, kernel.reshape(c, o).T, bias)
+    if kernel.ndim != 2:
+        kernel = kernel.reshape(c, o)
+    out = torch.nn.functional.linear(x, kernel.T, bias)
     return out if len(outer) == 1 else out.reshape(*out.shape[:-1], *outer)
 
 

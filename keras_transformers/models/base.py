@@ -180,7 +180,9 @@ def run_blocks(
         padding_mask = backend.none_if_all_true(padding_mask)
         with backend.direct_calls(blocks):
             for i, block in enumerate(blocks):
-                x = block(x, padding_mask=padding_mask, training=training, **own(i))
+                x = backend.call_block(
+                    block, x, padding_mask=padding_mask, training=training, **own(i)
+                )
         return x
     caches = []
     for i, block in enumerate(blocks):
