@@ -13,6 +13,8 @@ import os
 
 import keras
 
+from keras_transformers.backend.rows import update_cache  # noqa: F401
+
 # XLA:CPU's concurrency-optimized scheduler orders independent work to run
 # it in parallel, and so keeps the transients of every layer's attention
 # blocks alive at once: measured on a 2-core CPU, a SmolLM2-135M training
@@ -364,9 +366,8 @@ def linear(x, kernel, bias, contracted):
     flattened `C` and `O` axes; on XLA:CPU and TensorFlow as one 2-D
     product `[N, C] @ [C, O]` with `N` the flattened leading axes (see
     `_flat_linear`). None where that does not apply (JAX off the CPU, or
-    operands of different
-    dtypes, whose promotion the caller's Keras op handles): the caller then
-    computes it with Keras ops."""
+    operands of different dtypes, whose promotion the caller's Keras op
+    handles): the caller then computes it with Keras ops."""
     if xla_cpu() or keras.config.backend() == "tensorflow":
         return _flat_linear(x, kernel, bias, contracted)
     if keras.config.backend() != "torch":
@@ -438,29 +439,6 @@ def norm(x, weight, bias, epsilon, rms=False):
         variance = x.pow(2).mean(-1, keepdim=True)
         return weight * (x * torch.rsqrt(variance + epsilon))
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, epsilon)
-
-
-def update_cache(cache, update, index):
-    """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
-
-    PyTorch without autograd (decoding) writes in place, avoiding a copy of
-    the whole cache per token (at a tensor `index`, a compiled step's, with
-    `index_copy_`, which `torch.compile` traces); everywhere else this is
-    `keras.ops.slice_update`, which XLA performs in place inside loops.
-    """
-    if keras.config.backend() == "torch":
-        import torch
-
-        if not torch.is_grad_enabled():
-            if isinstance(index, torch.Tensor):
-                rows = index.long() + torch.arange(update.shape[1], device=index.device)
-                return cache.index_copy_(1, rows, update.to(cache.dtype))
-            start = int(index)
-            cache[:, start : start + update.shape[1]] = update  # casts too
-            return cache
-    update = keras.ops.cast(update, cache.dtype)
-    starts = (0, index) + (0,) * (len(cache.shape) - 2)
-    return keras.ops.slice_update(cache, starts, update)
 
 
 def tensorflow_module():

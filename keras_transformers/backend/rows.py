@@ -1,9 +1,34 @@
-"""KV-cache writes for rows at different positions (continuous batching):
-one entry per row, a whole row, or the rows one decoding step runs on."""
+"""KV-cache writes: a step's entries at one position for every row
+(`update_cache`), and for rows at different positions (continuous
+batching): one entry per row, a whole row, or the rows one decoding step
+runs on."""
 
 from __future__ import annotations
 
 import keras
+
+
+def update_cache(cache, update, index):
+    """Writes `update [B, T, ...]` into `cache [B, S, ...]` at position `index`.
+
+    PyTorch without autograd (decoding) writes in place, avoiding a copy of
+    the whole cache per token (at a tensor `index`, a compiled step's, with
+    `index_copy_`, which `torch.compile` traces); everywhere else this is
+    `keras.ops.slice_update`, which XLA performs in place inside loops.
+    """
+    if keras.config.backend() == "torch":
+        import torch
+
+        if not torch.is_grad_enabled():
+            if isinstance(index, torch.Tensor):
+                rows = index.long() + torch.arange(update.shape[1], device=index.device)
+                return cache.index_copy_(1, rows, update.to(cache.dtype))
+            start = int(index)
+            cache[:, start : start + update.shape[1]] = update  # casts too
+            return cache
+    update = keras.ops.cast(update, cache.dtype)
+    starts = (0, index) + (0,) * (len(cache.shape) - 2)
+    return keras.ops.slice_update(cache, starts, update)
 
 
 def update_cache_rows(cache, update, index):
