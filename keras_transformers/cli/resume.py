@@ -143,24 +143,42 @@ def _check_options(args: argparse.Namespace, directory: Path) -> None:
 def backed_up_tokenizer(args: argparse.Namespace, tokenizer):
     """The tokenizer of the run: with `--resume`, the one the interrupted
     run trained (saved in its backup directory); else `tokenizer`, which is
-    saved there for a later `--resume`. Call it before encoding the data."""
+    saved there (by process 0 of several) for a later `--resume`. Call it
+    before encoding the data."""
+    from keras_transformers import multiprocess
+
     directory = checkpoint_dir(args) / TOKENIZER_DIR
     if getattr(args, "resume", False) and directory.is_dir():
         return type(tokenizer).from_assets(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_assets(directory)
+    if multiprocess.is_primary():
+        directory.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_assets(directory)
     return tokenizer
 
 
 def resume_callbacks(args: argparse.Namespace) -> list:
-    """`[backup]`: the `BackupAndRestore` of a run. Train with
-    `fit(backup.resumable(data), shuffle=False, callbacks=[..., *these])`."""
+    """`[backup]`: the `BackupAndRestore` of a run, or with `--distribution`
+    or `--coordinator` the `ShardedBackupAndRestore` of a model sharded
+    over several devices or processes (each process writes its own shards;
+    process 0 the options). Train with `fit(backup.resumable(data),
+    shuffle=False, callbacks=[..., *these])`."""
+    from keras_transformers import multiprocess
+    from keras_transformers.cli.distributed import wants_distribution
     from keras_transformers.training import BackupAndRestore
 
     directory = checkpoint_dir(args)
     if getattr(args, "resume", False):
         _check_options(args, directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / ARGS_FILE).write_text(json.dumps(_options(args), indent=1) + "\n")
+    if multiprocess.is_primary():
+        directory.mkdir(parents=True, exist_ok=True)
+        options = json.dumps(_options(args), indent=1)
+        (directory / ARGS_FILE).write_text(options + "\n")
+    multiprocess.sync("cli:backup")
     every = getattr(args, "checkpoint_every", None) or "epoch"
+    if wants_distribution(args):
+        from keras_transformers.training.sharded_checkpoint import (
+            ShardedBackupAndRestore,
+        )
+
+        return [ShardedBackupAndRestore(str(directory), save_freq=every)]
     return [BackupAndRestore(str(directory), save_freq=every)]

@@ -9,8 +9,8 @@ the choice of the job by the preset's family.
 * vit presets, or `--images`: `cli.vit.train_vit` (image classification).
 
 With `--distribution` or `--coordinator` (several processes), gpt and
-mixtral presets train by `cli.distributed.train_distributed` instead: the
-model sharded over every device of every process (JAX).
+mixtral presets train by `cli.causal_lm.train_model` with the model
+sharded over every device of every process (JAX; `cli.distributed`).
 
 Building the parser imports none of these jobs (nor Keras): `run` imports
 the one it needs.
@@ -259,9 +259,9 @@ def run(args: argparse.Namespace) -> int:
 
     family = list_presets().get(args.preset, {}).get("family")
     if getattr(args, "distribution", None) or getattr(args, "coordinator", None):
-        from keras_transformers.cli.distributed import train_distributed
+        from keras_transformers.cli.causal_lm import train_model
 
-        train_distributed(args)
+        train_model(args)
     elif wants_vit(args, family):
         from keras_transformers.cli.vit import train_vit
 
