@@ -23,6 +23,7 @@ from keras_transformers import backend
 from keras_transformers.backend.choices import (
     explicit_attention_faster,
     fused_attention_saves_memory,
+    one_query_by_reduction,
 )
 from keras_transformers.layers.blockwise_attention import (
     BLOCK_SIZE,
@@ -106,6 +107,10 @@ def attend(layer, q, k, v, mask, is_causal, training, bias=None, aligned=False):
         if mask is not None:
             bias = ops.where(mask, bias, -1e9)
         return ops.dot_product_attention(q, k, v, bias=bias, scale=scale)
+    if q.shape[1] == 1 and not dropout_active and one_query_by_reduction():
+        if is_causal:
+            mask = attention_mask(1, ops.shape(k)[1], causal=True)
+        return _one_query(layer, q, k, v, mask, scale, bias)
     return _grouped(layer, q, k, v, mask, is_causal, scale, training, bias)
 
 
@@ -169,3 +174,40 @@ def _grouped(layer, q, k, v, mask, is_causal, scale, training, bias=None):
     probs = layer.dropout_layer(probs, training=training)
     out = ops.einsum(f"b{heads}ts,bs{heads[0]}h->bt{heads}h", probs, v)
     return ops.reshape(out, (b, t, layer.num_heads, layer.head_dim))
+
+
+def _one_query(layer, q, k, v, mask, scale, bias=None):
+    """Explicit attention of one query token (a decoding step), `q [B, 1,
+    N, H]` over `k`, `v` `[B, S, K, H]`, as products summed over an axis
+    rather than matrix products: the keys and values are read in their
+    cache layout (a batched matrix product over the K heads would copy the
+    cache into a `[B, K, S, H]` layout every step), in float32. `mask`
+    `[B|1, 1, 1, S]`, `bias` `[B|1, N|1, 1, S]` as `attend` takes them."""
+    b, s, dtype = ops.shape(q)[0], ops.shape(k)[1], v.dtype
+    kv_heads = layer.num_kv_heads
+    groups = layer.num_heads // kv_heads
+    q = ops.reshape(ops.cast(q, "float32"), (b, 1, kv_heads, groups, layer.head_dim))
+    k = ops.cast(k, "float32")[:, :, :, None, :]  # [B, S, K, 1, H]
+    logits = ops.sum(q * k, axis=-1) * scale  # [B, S, K, G]
+    if layer.softcap is not None:
+        logits = ops.tanh(logits / layer.softcap) * layer.softcap
+    if bias is not None:  # [B|1, N|1, 1, S] -> [B|1, S, K|1, G|1]
+        bias = ops.transpose(ops.cast(bias, "float32")[:, :, 0, :], (0, 2, 1))
+        heads = (kv_heads, groups) if bias.shape[-1] != 1 else (1, 1)
+        bias = ops.reshape(bias, (ops.shape(bias)[0], ops.shape(bias)[1]) + heads)
+        logits = logits + bias
+    if mask is not None:  # [B|1, 1, 1, S] -> [B|1, S, 1, 1]
+        logits = ops.where(mask[:, 0, 0, :, None, None], logits, -1e9)
+    if layer.sinks:  # one more key per head, dropped after the softmax
+        sinks = ops.reshape(
+            ops.cast(layer.sink_logits, "float32"), (1, 1, kv_heads, groups)
+        )
+        logits = ops.concatenate(
+            [logits, ops.zeros_like(logits[:, :1]) + sinks], axis=1
+        )
+        probs = ops.softmax(logits, axis=1)[:, :s]
+    else:
+        probs = ops.softmax(logits, axis=1)  # [B, S, K, G]
+    v = ops.cast(v, "float32")[:, :, :, None, :]  # [B, S, K, 1, H]
+    out = ops.sum(probs[..., None] * v, axis=1)  # [B, K, G, H]
+    return ops.cast(ops.reshape(out, (b, 1, layer.num_heads, layer.head_dim)), dtype)

@@ -24,7 +24,7 @@ import numbers
 
 from keras import ops
 
-from keras_transformers.backend.rows import update_cache_rows
+from keras_transformers.backend.rows import leading_rows, update_cache_rows
 from keras_transformers.layers import ring_cache
 
 
@@ -70,8 +70,8 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
     keys = update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
     values = update_cache_rows(cache[1], value, slot)
     cache, rows = (keys, values), key.shape[0]
-    if rows != keys.shape[0]:  # the first n rows decode
-        keys, values = keys[:rows], values[:rows]  # [n, L, K, H]
+    keys = leading_rows(keys, rows, index)  # [n, L, K, H]
+    values = leading_rows(values, rows, index)
     slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
     last = index[:, None]  # [B, 1]
     held = ring_cache.positions(last, length) if ring else slots  # [B|1, L]
