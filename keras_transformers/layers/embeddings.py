@@ -71,6 +71,26 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
             logits = ops.tanh(logits / cap) * cap
         return logits
 
+    def reverse_columns(self, hidden):
+        """The LM head's logits vocabulary first: `hidden [N, D]` -> `[V, N]`,
+        the transpose of `layer(hidden, reverse=True)`. With tied weights the
+        product is `table [V, D] @ hidden.T`: for a few rows (a batched
+        decoding step) XLA:CPU computes it faster in that layout (a consumer
+        then reduces over axis 0, as a greedy argmax does): measured with
+        SmolLM2's 49,152 x 576 table and 8 rows, 8-13 ms as `[V, N]` against
+        12-19 ms as `[N, V]` (the same at one row)."""
+        if self.quantization_mode is not None or not self.tie_weights:
+            return ops.transpose(self(hidden, reverse=True))
+        if self.reverse_dtype is not None:
+            return ops.transpose(self._scaled(super().call(hidden, reverse=True), True))
+        kernel, _ = self.head_kernel()  # [V, D]
+        hidden = ops.cast(hidden, self.compute_dtype)
+        logits = ops.matmul(kernel, ops.transpose(hidden))  # [V, N]
+        if self.logit_soft_cap is not None:
+            cap = self.logit_soft_cap
+            logits = ops.tanh(logits / cap) * cap
+        return logits
+
     def quantized_call(self, inputs, reverse=False):
         """The quantized (e.g. int8, `model.quantize("int8")`) forward pass;
         Keras calls it instead of `call` once the layer is quantized."""

@@ -195,15 +195,22 @@ class TextBackbone(ConfiguredModel):
             x = self.embedding_projection(x)
         return x
 
-    def logits(self, hidden):
+    def logits(self, hidden, vocabulary_first=False):
         """Projects hidden states `[B, T, D]` to logits `[B, T, V]` (first
         scaled by `hidden_dim**-0.5` with `scale_logits`; soft-capped to
-        `logit_softcap * tanh(logits / logit_softcap)` with `logit_softcap`)."""
+        `logit_softcap * tanh(logits / logit_softcap)` with `logit_softcap`).
+        With `vocabulary_first`, `hidden [N, D]` gives the transposed logits
+        `[V, N]` (`TokenEmbedding.reverse_columns`: a greedy step of a few
+        rows takes their argmax over axis 0)."""
         if self.config.scale_logits:
             hidden = hidden * self.config.hidden_dim**-0.5
-        logits = call_layer(self.token_embedding, hidden, reverse=True)
+        if vocabulary_first:
+            logits = self.token_embedding.reverse_columns(hidden)  # [V, N]
+        else:
+            logits = call_layer(self.token_embedding, hidden, reverse=True)
         if self.logits_bias is not None:
-            logits = logits + keras.ops.cast(self.logits_bias, logits.dtype)
+            bias = keras.ops.cast(self.logits_bias, logits.dtype)
+            logits = logits + (bias[:, None] if vocabulary_first else bias)
         cap = self.config.logit_softcap
         if cap is not None:
             logits = keras.ops.tanh(logits / cap) * cap

@@ -35,6 +35,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
+from keras_transformers.backend.choices import vocabulary_first_head
 from keras_transformers.backend.rows import copy_row, put_rows, take_rows, write_row
 from keras_transformers.config.layer_types import recurrent
 from keras_transformers.generation.generate import BUCKET, _prefix_length
@@ -191,6 +192,10 @@ class Engine:
         direct = policy.compute_dtype == policy.variable_dtype
 
         def decode(tokens, cache, index, rows, greedy):  # [n, 1], [n], rows
+            if rows is None and greedy and vocabulary_first_head(tokens.shape[0]):
+                hidden, cache = model.backbone(tokens, cache=cache, cache_index=index)
+                logits = model.backbone.logits(hidden[:, 0], vocabulary_first=True)
+                return ops.argmax(ops.cast(logits, "float32"), 0), cache  # [V, n]
             if rows is None:  # the whole cache; its first n rows decode in place
                 logits, cache = model.call_with_cache(tokens, cache, index)
             else:
