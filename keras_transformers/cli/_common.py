@@ -83,6 +83,14 @@ def mark_defaults(parser: argparse.ArgumentParser, names) -> None:
         parser.set_defaults(**{name: marker(value)})
 
 
+def wants_distribution(args: argparse.Namespace) -> bool:
+    """Whether a `train` run shards its model over several devices or
+    processes (`--distribution` or `--coordinator`; `cli.distributed`)."""
+    return bool(
+        getattr(args, "distribution", None) or getattr(args, "coordinator", None)
+    )
+
+
 def given(args: argparse.Namespace, name: str) -> bool:
     """Whether option `name` was given rather than left at a marked default."""
     return not isinstance(getattr(args, name), (_IntDefault, _FloatDefault))

@@ -14,6 +14,7 @@ from keras_transformers.cli._common import (
     DEFAULT_SEQUENCE_LENGTH,
     CLIError,
     quiet_stderr,
+    wants_distribution,
 )
 from keras_transformers.cli._training import check_train_args, load_text, optimizer
 from keras_transformers.cli.generate import generate_text
@@ -53,7 +54,7 @@ def train_model(args: argparse.Namespace):
         CLIError: an argument or the data cannot be used, or the processes
             cannot join.
     """
-    sharded = distributed.wants_distribution(args)
+    sharded = wants_distribution(args)
     if sharded:
         distributed.join(args)
     check_train_args(args)

@@ -27,13 +27,6 @@ from keras_transformers.cli._common import CLIError
 from keras_transformers.cli._training import CAUSAL_FAMILIES
 
 
-def wants_distribution(args: argparse.Namespace) -> bool:
-    """Whether the run shards its model (`--distribution` or `--coordinator`)."""
-    return bool(
-        getattr(args, "distribution", None) or getattr(args, "coordinator", None)
-    )
-
-
 def check_distribution_args(args: argparse.Namespace) -> None:
     """Checks the options of sharded and multi-process training before any
     slow work.

@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from keras_transformers.cli._common import CLIError, positive_int
+from keras_transformers.cli._common import CLIError, positive_int, wants_distribution
 
 CHECKPOINT_DIR = "checkpoint"  # inside --output
 ARGS_FILE = "train_args.json"  # the options of the run being backed up
@@ -163,7 +163,6 @@ def resume_callbacks(args: argparse.Namespace) -> list:
     process 0 the options). Train with `fit(backup.resumable(data),
     shuffle=False, callbacks=[..., *these])`."""
     from keras_transformers import multiprocess
-    from keras_transformers.cli.distributed import wants_distribution
     from keras_transformers.training import BackupAndRestore
 
     directory = checkpoint_dir(args)

@@ -33,6 +33,7 @@ from keras_transformers.cli._common import (
     mark_defaults,
     positive_float,
     positive_int,
+    wants_distribution,
 )
 from keras_transformers.cli.resume import add_resume_arguments
 
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     from keras_transformers.presets import list_presets
 
     family = list_presets().get(args.preset, {}).get("family")
-    if getattr(args, "distribution", None) or getattr(args, "coordinator", None):
+    if wants_distribution(args):
         from keras_transformers.cli.causal_lm import train_model
 
         train_model(args)
