@@ -1,7 +1,8 @@
 """Per-layer variety through one seam: `layer_types` and `layer_settings` in
 the config, `block_spec(config, i)` for each block, each block's own cache
 (a window-sized rolling cache on sliding layers, a full one on global
-layers), an injectable token mixer, sandwich norms and soft-capping."""
+layers), an injectable token mixer, sandwich norms, soft-capping, and
+rotary angles computed once per call for each rotary setting."""
 
 import keras
 import numpy as np
@@ -219,3 +220,31 @@ def test_partial_rotary_leaves_the_other_features_unrotated():
     assert np.abs(y[0, 1:, :, :4] - y[0, :1, :, :4]).max() > 0.1
     with pytest.raises(ValueError, match="rotary_fraction"):
         kt.TransformerConfig(**{**MIXED, "rotary_fraction": 0.1})
+
+
+def test_rotary_angles_are_computed_once_per_setting(mixed_lm):
+    """One `RotaryAngles` per rotary setting for a call (the sliding
+    layers' base and the full layer's), none for a no-rope layer; a layer
+    rotates by them as by the positions they hold (bitwise), and by its own
+    angles when given another setting's."""
+    from keras_transformers.models.shared_rotary import shared_rotary_angles
+
+    x = keras.ops.zeros((1, 5, 16))
+    first, full, third = shared_rotary_angles(mixed_lm.backbone.blocks, x)
+    assert first is third and first.setting != full.setting
+    kinds = ["sliding_attention", "no_rope_attention"]
+    no_rope = GPTCausalLM(
+        config=kt.TransformerConfig(**{**MIXED, "num_layers": 2, "layer_types": kinds})
+    )
+    angles = shared_rotary_angles(no_rope.backbone.blocks, x)
+    assert angles[0] is not None and angles[1] is None
+    q = keras.random.normal((1, 5, 4, 4), seed=0)
+    k = keras.random.normal((1, 5, 2, 4), seed=1)
+    positions = keras.ops.arange(5)
+    for block, shared in zip(mixed_lm.backbone.blocks, (first, full, third)):
+        other = full if shared is first else first
+        rotary = block.self_attention.rotary
+        own = [to_numpy(t) for t in rotary.rotate((q, k), positions)]
+        for given in (shared, other):
+            for a, b in zip(rotary.rotate((q, k), given), own, strict=True):
+                np.testing.assert_array_equal(to_numpy(a), b)

@@ -16,9 +16,9 @@ from keras_transformers.layers.pooling import TokenPooling
 from keras_transformers.layers.positions import (
     PositionEmbedding,
     RelativePositionBias,
-    RotaryEmbedding,
     SinusoidalPositionEncoding,
 )
+from keras_transformers.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "DisentangledAttention",

@@ -27,6 +27,7 @@ from keras_transformers.models.inputs import (
     check_not_empty,
     host_inputs,
 )
+from keras_transformers.models.shared_rotary import shared_rotary_angles
 from keras_transformers.training.random_state import SavesRandomState
 
 
@@ -168,13 +169,19 @@ def run_blocks(
     `(x, updated_cache)`; without, returns `x`. `cross_cache` holds one
     projected encoder `(key, value)` pair per block (encoder-decoder models);
     `per_layer_inputs` `[B, T, L, P]` gives block i its `[B, T, P]` input.
-    Other keyword arguments go to every block.
+    Blocks with rotary self-attention get their setting's angles as
+    `positions`, computed once per call (`shared_rotary_angles`). Other
+    keyword arguments go to every block.
     """
+    angles = shared_rotary_angles(blocks, x, kwargs.get("positions"), cache_index)
 
     def own(i):
-        if per_layer_inputs is None:
-            return kwargs
-        return {**kwargs, "per_layer_input": per_layer_inputs[:, :, i, :]}
+        extra = {}
+        if per_layer_inputs is not None:
+            extra["per_layer_input"] = per_layer_inputs[:, :, i, :]
+        if angles is not None and angles[i] is not None:
+            extra["positions"] = angles[i]
+        return {**kwargs, **extra} if extra else kwargs
 
     if cache is None:
         padding_mask = backend.none_if_all_true(padding_mask)
