@@ -1,11 +1,12 @@
 """Training memory: per-block rematerialisation and a memory / FLOP estimator.
 
 * `rematerialized(layer, layer_call)`: what `TransformerBlock` runs when the
-  config sets `remat=True` (each block is created inside a
-  `keras.RematScope` that names it): the whole block becomes one
-  `keras.remat` unit, i.e. `jax.checkpoint`, `tf.recompute_grad` or
-  `torch.utils.checkpoint`. Its backward pass keeps only the block input and
-  recomputes the rest.
+  config sets `remat` (each block is created inside a `keras.RematScope`
+  that names it): the whole block becomes one rematerialised unit
+  (`backend.remat.remat`: `jax.checkpoint`, `tf.recompute_grad` or
+  `torch.utils.checkpoint`). With `remat=True` its backward pass keeps only
+  the block input and recomputes the rest; with `remat="matmuls"` it also
+  keeps the outputs of the weight products (JAX and PyTorch).
 * `estimate_memory(config, batch_size, sequence_length, ...)`: bytes of
   parameters, gradients, optimizer state and activations of one training
   step, and the training FLOPs per token, from the config alone (no weights:
@@ -24,6 +25,7 @@ import keras
 from keras import ops
 
 from keras_transformers.backend.choices import recompute_reads_variables
+from keras_transformers.backend.remat import remat as backend_remat
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.layer_types import sliding_windows
 
@@ -48,8 +50,9 @@ def _is_float(x) -> bool:
 
 
 def rematerialized(layer, layer_call):
-    """`layer_call` run as one `keras.remat` unit that is a pure function of
-    its float tensors and `layer`'s weights.
+    """`layer_call` run as one rematerialised unit that is a pure function
+    of its float tensors and `layer`'s weights; `layer.remat_keep` (None or
+    "matmuls", see `keras_transformers.backend.remat`) says what it keeps.
 
     Keras' own `remat` of a bound `call` breaks on three things a
     transformer block does: a Python `training` flag (JAX traces it), random
@@ -89,7 +92,8 @@ def rematerialized(layer, layer_call):
             return out, new, list(scope.losses)
 
         inputs = [given[key] for key in keys] + [v.value for v in trainable]
-        out, new_state, losses = keras.remat(pure)(*inputs)
+        keep = getattr(layer, "remat_keep", None)
+        out, new_state, losses = backend_remat(pure, keep)(*inputs)
         for variable, value in zip(state, new_state):
             variable.assign(value)
         for loss in losses:
@@ -148,13 +152,18 @@ def training_flops_per_token(config: TransformerConfig, sequence_length: int) ->
         if config.position_embedding == "learned":
             embeddings += config.max_sequence_length * d
     non_embedding = config.num_active_params() - embeddings
+    return float(6 * non_embedding + _attention_flops(config, sequence_length))
+
+
+def _attention_flops(config: TransformerConfig, sequence_length: int) -> int:
+    """The `12 * L * D * T` term of `training_flops_per_token`."""
     width = config.num_heads * config.resolved_head_dim
     if config.stacks == "decoder":
         windows = sliding_windows(config)
     else:
         windows = [config.sliding_window] * _attention_layers(config)
     contexts = sum(min(sequence_length, w or sequence_length) for w in windows)
-    return float(6 * non_embedding + 12 * width * contexts)
+    return 12 * width * contexts
 
 
 def _attention_layers(config: TransformerConfig) -> int:
@@ -280,6 +289,27 @@ def _block_elements(config, tokens_context, moe, cross_context=0, fused=True):
     return elements, f32
 
 
+def _matmul_elements(config, moe, cross) -> int:
+    """Elements per token of one block's weight-product outputs (what
+    `remat="matmuls"` keeps besides the block input): q, k, v and the
+    attention output projection per attention, the feed-forward's input
+    products (2F gated, F plain; k experts' for MoE) and its output."""
+    c = config
+    d, h, n, k = c.hidden_dim, c.resolved_head_dim, c.num_heads, c.resolved_num_kv_heads
+    attention = ((n + 2 * k) * h + d) * (2 if cross else 1)
+    units = 2 if c.gated_feed_forward else 1
+    if moe:
+        m = c.moe
+        f = m.expert_intermediate_dim or c.intermediate_dim
+        shared = m.shared_expert_intermediate_dim or f
+        return (
+            attention
+            + m.num_experts_per_token * (units * f + d)
+            + (m.num_shared_experts * (units * shared + d))
+        )
+    return attention + units * c.intermediate_dim + d
+
+
 def _stacks(config):
     """`(moe flag per block, cross-attention)` for each stack of blocks."""
     c = config
@@ -298,7 +328,7 @@ def estimate_memory(
     sequence_length: int | None = None,
     dtype: str = "float32",
     optimizer: Any = "adamw",
-    remat: bool | None = None,
+    remat: bool | str | None = None,
     fused_attention: bool = True,
     gradient_accumulation_steps: int = 1,
 ) -> MemoryEstimate:
@@ -326,7 +356,8 @@ def estimate_memory(
         optimizer: "sgd", "momentum", "adam", "adamw", "lion", ... or a
             `keras.optimizers` instance (its slots, momentum, amsgrad and
             `gradient_accumulation_steps` are read).
-        remat: rematerialise each block; None = `config.remat`.
+        remat: rematerialise each block (True, or "matmuls": keep the
+            weight products' outputs too); None = `config.remat`.
         fused_attention: the attention kernel keeps no scores (flash /
             cuDNN on GPU); False for XLA:CPU, whose `dot_product_attention`
             is explicit. Attention dropout always takes the explicit path.
@@ -352,9 +383,10 @@ def estimate_memory(
     sequence_length = _positive("sequence_length", sequence_length)
     steps = _positive("gradient_accumulation_steps", gradient_accumulation_steps)
     remat = config.remat if remat is None else remat
-    if not isinstance(remat, bool) or not isinstance(fused_attention, bool):
+    if remat not in (False, True, "matmuls") or not isinstance(fused_attention, bool):
         raise ValueError(
-            "`remat` (or None) and `fused_attention` must be True or False. "
+            '`remat` (or None) must be False, True or "matmuls" and '
+            "`fused_attention` True or False. "
             f"Received: remat={remat!r}, fused_attention={fused_attention!r}"
         )
     weight_bytes, act_bytes = _dtype_bytes(dtype)
@@ -372,6 +404,9 @@ def estimate_memory(
             size = tokens * (elements * act_bytes + f32 * 4)
             stored, largest = stored + size, max(largest, size)
             inputs += tokens * config.hidden_dim * act_bytes
+            if remat == "matmuls":
+                kept = _matmul_elements(config, moe, bool(cross))
+                inputs += tokens * kept * act_bytes
     blocks_bytes = inputs + largest if remat else stored
     d, v = config.hidden_dim, config.vocabulary_size
     outside = tokens * 3 * d * act_bytes  # embeddings, final norm in and out
@@ -380,6 +415,8 @@ def estimate_memory(
     flops = training_flops_per_token(config, sequence_length)
     # Remat runs the blocks' forward pass again: (6N + 12LDT) / 3 without the head.
     recompute = (flops - 6 * _head_params(config)) / 3 if remat else 0.0
+    if remat == "matmuls":  # the attention products only: 12LDT / 3
+        recompute = _attention_flops(config, sequence_length) / 3
     return MemoryEstimate(
         parameters=params,
         gradients=params,

@@ -80,21 +80,27 @@ def test_remat_config_field():
     assert kt.TransformerConfig.from_dict(data).remat is True
     data.pop("remat")  # a config saved before the field existed
     assert kt.TransformerConfig.from_dict(data) == config
-    with pytest.raises(ValueError, match="remat"):
-        config.replace(remat="yes")
+    matmuls = config.replace(remat="matmuls")
+    assert kt.TransformerConfig.from_dict(matmuls.to_dict()).remat == "matmuls"
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="remat"):
+            config.replace(remat=bad)
 
 
 @pytest.mark.parametrize(
-    "preset, overrides",
+    "preset, overrides, mode",
     [
-        ("gpt2_tiny", {"dropout": 0.1, "attention_dropout": 0.1}),
-        ("mixtral_tiny", {}),  # the router's aux loss leaves the remat unit
-        ("transformer_tiny", {"dropout": 0.1}),  # encoder + cross-attention
+        ("gpt2_tiny", {"dropout": 0.1, "attention_dropout": 0.1}, True),
+        ("mixtral_tiny", {}, True),  # the router's aux loss leaves the remat unit
+        ("transformer_tiny", {"dropout": 0.1}, True),  # encoder + cross-attention
+        # Keeping the weight products: fused / blockwise attention, dropout.
+        ("gpt_llama_tiny", {"dropout": 0.1, "attention_block_size": 4}, "matmuls"),
+        ("mixtral_tiny", {}, "matmuls"),
     ],
 )
-def test_remat_gradients_equal(preset, overrides, remat_calls):
+def test_remat_gradients_equal(preset, overrides, mode, remat_calls):
     plain = kt.from_preset(preset, num_layers=1, **overrides)
-    remat = kt.from_preset(preset, num_layers=1, remat=True, **overrides)
+    remat = kt.from_preset(preset, num_layers=1, remat=mode, **overrides)
     for source, target in zip(plain.variables, remat.variables):
         target.assign(source)  # weights and dropout seeds
     x = _inputs(plain.config)
@@ -228,6 +234,9 @@ def test_estimate_options_move_the_right_parts():
     assert remat.activations < 0.6 * base.activations
     assert remat.recompute_flops_per_token > 0 == base.recompute_flops_per_token
     assert estimate_memory(config.replace(remat=True), 4, 64) == remat
+    matmuls = estimate_memory(config, 4, 64, remat="matmuls")
+    assert remat.activations < matmuls.activations < base.activations
+    assert 0 < matmuls.recompute_flops_per_token < remat.recompute_flops_per_token
     # Explicit attention keeps [B, N, T, T] scores: quadratic in T.
     short = estimate_memory(config, 4, 64, fused_attention=False).activations
     long = estimate_memory(config, 4, 256, fused_attention=False).activations
@@ -346,3 +355,30 @@ def test_estimate_matches_compiled_jax_step(preset):
     assert measured[True]["residuals"] < m["residuals"] / 3
     assert estimated[True].activations < e.activations
     assert 1.0 < estimated[True].activations / measured[True]["residuals"] < 5.0
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="an XLA:CPU flag of JAX")
+def test_xla_cpu_scheduler_flag_set_at_import_or_warned():
+    """Models imported first turn XLA:CPU's concurrency-optimized scheduler
+    off; imported after JAX computed, the package says it came too late."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["KERAS_BACKEND"] = "jax"
+    first = (
+        "import keras_transformers as kt, os; kt.models; print(os.environ['XLA_FLAGS'])"
+    )
+    late = "import jax; jax.numpy.ones(1).block_until_ready(); import keras_transformers.models"
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
+        for code in (first, late)
+    ]
+    assert "concurrency_optimized_scheduler=false" in runs[0].stdout, runs[0].stderr
+    assert "XLA:CPU's concurrency-optimized scheduler stays on" in runs[1].stderr
+    assert "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false" in (
+        runs[1].stderr
+    )

@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import keras
 
 from keras_transformers.backend.rows import update_cache  # noqa: F401
 
-# XLA:CPU's concurrency-optimized scheduler orders independent work to run
-# it in parallel, and so keeps the transients of every layer's attention
-# blocks alive at once: measured on a 2-core CPU, a SmolLM2-135M training
-# step at 2,048 tokens took 11.7 GB with it, 9.0 GB without, at the same
-# speed within noise (at 512 tokens: 4.1 GB and 3.8 GB). Set before
-# JAX starts its CPU client (the first computation), unless the user's
-# XLA_FLAGS already choose.
-_XLA_CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler"
-if keras.config.backend() == "jax" and _XLA_CPU_SCHEDULER not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + f" {_XLA_CPU_SCHEDULER}=false"
-    ).strip()
+if keras.config.backend() == "jax":  # before JAX starts: see `xla_flags`
+    from keras_transformers.backend.xla_flags import set_cpu_scheduler
+
+    set_cpu_scheduler()
 
 _DIRECT_CALLS = [False]
 # Variable id -> its torch tensor, for the duration of one eager decoding call

@@ -36,6 +36,7 @@ from keras_transformers.config.validation import (
     _check_choice,
     _check_float,
     _check_int,
+    _check_remat,
     _fail,
 )
 
@@ -177,8 +178,8 @@ class TransformerConfig(_Group):
         attention_dropout: dropout on attention probabilities.
         initializer_range: std of the truncated-normal weight initializer (a
             tied table with `scale_logits` is drawn with std 1, as T5 does).
-        remat: rematerialise each block in training: store its input only and
-            recompute the rest in the backward pass (less memory, more compute).
+        remat: rematerialise each block in training: True keeps its input only
+            for the backward pass, "matmuls" its weight products' outputs too.
         attention_block_size: memory-efficient attention in blocks of this
             many queries (see `MultiHeadAttention`'s `block_size`); 0: never;
             None (default): automatic for long sequences.
@@ -265,7 +266,7 @@ class TransformerConfig(_Group):
     dropout: float = 0.0
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
-    remat: bool = False
+    remat: bool | str = False
     attention_block_size: int | None = None
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -329,11 +330,11 @@ class TransformerConfig(_Group):
             "scale_logits",
             "sinusoidal_interleave",
             "separate_decoder_positions",
-            "remat",
             "attention_sinks",
             "attention_output_gate",
         ):
             _check_bool(name, getattr(self, name))
+        _check_remat(self.remat)
         if self.separate_decoder_positions and (
             self.stacks != "encoder_decoder" or self.position_embedding != "learned"
         ):

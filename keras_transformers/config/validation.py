@@ -87,6 +87,11 @@ def _check_bool(name: str, value: Any) -> None:
         _fail(name, value, "True or False")
 
 
+def _check_remat(value: Any) -> None:
+    if not isinstance(value, bool) and value != "matmuls":
+        _fail("remat", value, 'True, False or "matmuls"')
+
+
 def _check_attention_knobs(config) -> None:
     """The relative position bias and attention scale of a
     `TransformerConfig`: at least 4 buckets (one exact distance per side in

@@ -329,7 +329,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def rematerialized_call(self, layer_call, *args, **kwargs):
         """Under a `keras.RematScope` that selects this block (the config's
-        `remat=True`), the whole block is one rematerialised unit (see
+        `remat`), the whole block is one rematerialised unit (see
         `keras_transformers.memory.rematerialized`); cached decoding, which
         needs no gradients, runs as usual."""
         call = super().rematerialized_call(layer_call, *args, **kwargs)

@@ -70,6 +70,9 @@ class BlockSpec:
             block = TransformerBlock(
                 **self.block, token_mixer=mixer, feed_forward=ff, dtype=dtype, name=name
             )
+        # What the rematerialised block keeps (`backend.remat`): its input
+        # only (True) or the weight products' outputs too ("matmuls").
+        block.remat_keep = "matmuls" if config.remat == "matmuls" else None
         width = (None, None, config.hidden_dim)
         block.build(width, width)
         return block
