@@ -200,9 +200,18 @@ class OursRemat(Ours):
     block inputs kept, the block recomputed in the backward pass)."""
 
     name = "ours_remat"
+    remat = True
 
     def __init__(self, row, cfg, batch, env):
-        super().__init__(row, dataclasses.replace(cfg, remat=True), batch, env)
+        super().__init__(row, dataclasses.replace(cfg, remat=self.remat), batch, env)
+
+
+class OursRematMatmuls(OursRemat):
+    """Ours with `remat="matmuls"`: blocks rematerialised keeping the outputs
+    of their weight products (the element-wise work is recomputed)."""
+
+    name = "ours_remat_matmuls"
+    remat = "matmuls"
 
 
 class OursCompiled(Ours):
@@ -373,6 +382,7 @@ CONTENDERS = {
         OursCompiled,
         OursExplicit,
         OursRemat,
+        OursRematMatmuls,
         OursDenseDispatch,
         KerasHub,
         HF,

@@ -12,6 +12,7 @@ gemma3_270m_2k, gemma3_270m_4k``. Contenders (``--contenders``): ``ours``
 (keras_transformers on ``KERAS_BACKEND``), ``ours_compiled`` (the same
 with ``jit_compile=True``), ``ours_explicit`` (without memory-efficient
 attention and chunked loss), ``ours_remat`` (each block rematerialised),
+``ours_remat_matmuls`` (rematerialised keeping the weight products),
 ``ours_dense_dispatch`` (MoE rows: every expert
 on every token), ``kerashub`` (same backend), ``hf`` (transformers in eager
 PyTorch, on CUDA when present), ``hf_compiled`` (its training forward
