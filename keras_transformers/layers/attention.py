@@ -108,8 +108,8 @@ class MultiHeadAttention(keras.layers.Layer):
             sliding_window`, or one per position written), position `p` in
             slot `p % L` (see `keras_transformers.layers.ring_cache`).
         cache_index: position of the first query token in the cache (scalar).
-        positions: `[T]` or `[B, T]` rotary positions; defaults to
-            `cache_index + arange(T)`.
+        positions: `[T]` or `[B, T]` rotary positions, or the `RotaryAngles`
+            a backbone computed once for its blocks; default `cache_index + arange(T)`.
         attention_bias: an additive bias on the scaled logits, broadcastable
             to `[B, N, T, S]` (e.g. `RelativePositionBias`, T5), applied
             before the masks and the softmax: the query axis covers the `T`
