@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformers.backend import xla_cpu
+
 
 def exact_gelu(x):
     """GELU, exact: `x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))`, the formula
@@ -42,7 +44,7 @@ def one_query_by_reduction() -> bool:
     cached positions, 30 layers) took 18 ms instead of 95 at 8 rows and
     2.2 ms instead of 2.3 at one row; a greedy serving step of 8 rows, 84
     ms instead of 98 (with `vocabulary_first_head`)."""
-    return _xla_cpu()
+    return xla_cpu()
 
 
 def vocabulary_first_head(rows: int) -> bool:
@@ -51,16 +53,7 @@ def vocabulary_first_head(rows: int) -> bool:
     rather than `[rows, V]`: JAX on CPU from two rows (XLA:CPU's product
     of a few rows with the tied `[V, D]` table is faster in that layout;
     at one row it is the slower)."""
-    return rows >= 2 and _xla_cpu()
-
-
-def _xla_cpu() -> bool:
-    """Whether JAX computes on its CPU backend (XLA:CPU)."""
-    if keras.config.backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
+    return rows >= 2 and xla_cpu()
 
 
 def fused_attention_saves_memory(half: bool) -> bool:
