@@ -203,6 +203,7 @@ def server_command(name: str, args, directory: Path, port: int) -> list:
             "--model-name",
             str(directory),
             *(["--chat-template", str(template)] if args.model == "tiny" else []),
+            *args.ours_args.split(),
         ]
     transformers = shutil.which("transformers")
     launcher = (
@@ -660,6 +661,12 @@ def parse_args(argv=None):
         help="tiny model, 2 requests per client of 16 tokens",
     )
     parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument(
+        "--ours-args",
+        default="",
+        help="more arguments for our servers, e.g. '--no-warm-up --prefix-memory 0' "
+        "(compile on first use, keep no prompt rows)",
+    )
     parser.add_argument("--logs", help="keep the servers' logs in this directory")
     parser.add_argument("--json")
     parser.add_argument("--build-tiny", metavar="DIR", help=argparse.SUPPRESS)

@@ -41,6 +41,22 @@ def add_parser(commands) -> None:
         help="prompt plus reply tokens per request (default: the model's, at most 4096)",
     )
     serve.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="compile each program when first needed, not before serving "
+        "(by default the decoding steps of every batch size and the prefills "
+        "of short prompts are compiled at start, on JAX and TensorFlow)",
+    )
+    serve.add_argument(
+        "--prefix-memory",
+        type=float,
+        default=256,
+        metavar="MIB",
+        help="memory for the cache rows of recent prompts, so that a prompt "
+        "beginning with one prefills only the rest (default 256; 0: none)",
+    )
+    serve.add_argument(
         "--model-name", help="the name clients pass as `model` (default: HANDLE)"
     )
     serve.add_argument(
@@ -108,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             slots=args.slots,
             max_length=args.max_length,
             chat_template=template,
+            warm_up=args.warm_up,
+            prefix_memory=args.prefix_memory,
         )
     except ValueError as error:
         raise CLIError(str(error)) from None

@@ -47,11 +47,11 @@ from keras_transformers.serving.protocol import (
 class _Served:
     """What the routes share: the model, its engine or embedding lock."""
 
-    def __init__(self, model, model_id, slots, max_length, chat_template):
+    def __init__(self, model, model_id, chat_template, **engine):
         self.model, self.model_id = model, model_id
         self.tokenizer = getattr(model, "tokenizer", None)
         self.embeds = hasattr(model, "encode") and not hasattr(model, "generate")
-        self.engine = None if self.embeds else Engine(model, slots, max_length)
+        self.engine = None if self.embeds else Engine(model, **engine)
         self.template = chat_template or getattr(self.tokenizer, "chat_template", None)
         self.lock = threading.Lock()
 
@@ -263,7 +263,13 @@ async def _lifespan(app):
 
 
 def create_app(
-    model, model_id: str, slots: int = 8, max_length=None, chat_template=None
+    model,
+    model_id: str,
+    slots: int = 8,
+    max_length=None,
+    chat_template=None,
+    warm_up: bool = False,
+    prefix_memory: float = 256,
 ) -> Starlette:
     """The server's ASGI application (run it with uvicorn).
 
@@ -271,11 +277,15 @@ def create_app(
         model: a causal LM with a tokenizer (chat and completions), or a
             `TextEmbedder` (embeddings).
         model_id: the name clients pass as `model`.
-        slots, max_length: the engine's batch rows and positions per row
-            (see `Engine`).
+        slots, max_length, warm_up, prefix_memory: the engine's batch rows,
+            positions per row, whether it compiles its programs before
+            serving, and MiB for kept prompt rows (see `Engine`).
         chat_template: a Jinja template instead of the tokenizer's.
     """
-    served = _Served(model, model_id, slots, max_length, chat_template)
+    engine = {"slots": slots, "max_length": max_length, "warm_up": warm_up}
+    served = _Served(
+        model, model_id, chat_template, prefix_memory=prefix_memory, **engine
+    )
 
     async def models(http):
         entry = {

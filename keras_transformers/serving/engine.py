@@ -12,10 +12,13 @@ whole cache: each attention layer writes one entry per row in place, so a
 step costs what its rows cost, whatever the number of slots (a model with
 recurrent states takes its rows out of the cache and puts them back). A
 finished or cancelled request frees its row at once; the next waiting one
-takes it before the next step. On JAX and TensorFlow the step is one
-compiled program (the cache buffer donated on JAX, so it is updated in
-place), prefills one program per prompt bucket; PyTorch runs them eagerly
-without autograd, writing the cache in place.
+takes it before the next step. A prompt that begins with a recent one's
+tokens prefills only the rest, from a copy of that prompt's row
+(`PrefixStore`). On JAX and TensorFlow the step is one compiled program
+(the cache buffer donated on JAX, so it is updated in place), prefills one
+program per prompt bucket (`warm_up` compiles them before serving);
+PyTorch runs them eagerly without autograd, writing the cache in place
+(`programs.build`).
 
 All model calls happen on the engine's own thread; `submit` and `cancel`
 may be called from any thread, and each request reports its text through
@@ -30,16 +33,19 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import keras
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.backend.choices import vocabulary_first_head
-from keras_transformers.backend.rows import copy_row, put_rows, take_rows, write_row
-from keras_transformers.config.layer_types import recurrent
+from keras_transformers.config.layer_types import recurrent, sliding_windows
 from keras_transformers.generation.generate import BUCKET, _prefix_length
+from keras_transformers.serving import programs
+from keras_transformers.serving.prefixes import PrefixStore
 from keras_transformers.serving.text import TextStream
+
+CHUNK = 16  # a prompt's tokens after a kept prefix, padded to a multiple
+WARM_PROMPT = 128  # `warm_up` compiles the prefills of prompts up to this
+WARM_CHUNK = 64  # and of prompt ends after a kept prefix up to this
 
 
 @dataclass
@@ -83,12 +89,30 @@ class Engine:
         slots: rows of the running batch (requests decoded together).
         max_length: positions per row: prompt plus reply at most (default:
             the model's `max_sequence_length`, at most 4,096).
+        warm_up: compile the programs before serving (JAX and TensorFlow):
+            a decoding step for every number of rows a step can take
+            (greedy and sampled), the prefill of prompts up to
+            `WARM_PROMPT` tokens and of prompt ends after a kept prefix up
+            to `WARM_CHUNK`; otherwise each compiles the first time it is
+            needed, and the running requests wait for it (seconds).
+        prefix_memory: MiB for the cache rows of recent prompts (0: none
+            kept): a prompt that begins with a kept one's tokens prefills
+            only the rest, from a copy of its row. Only models whose
+            layers all cache plain attention (no sliding window, no
+            recurrent state) keep them.
 
     Raises:
         ValueError: a model without a tokenizer or without a KV cache.
     """
 
-    def __init__(self, model, slots: int = 8, max_length: int | None = None):
+    def __init__(
+        self,
+        model,
+        slots: int = 8,
+        max_length: int | None = None,
+        warm_up: bool = False,
+        prefix_memory: float = 256,
+    ):
         backbone = getattr(model, "backbone", None)
         if backbone is None or not hasattr(backbone, "init_cache"):
             raise ValueError(
@@ -126,7 +150,13 @@ class Engine:
         self._finished = collections.Counter(dict.fromkeys(reasons, 0))
         self._tokens = 0  # reply tokens generated
         self._in_place = not recurrent(config)
-        self._functions()
+        self._programs = programs.build(model, self.max_length)
+        self._reuses = not any(sliding_windows(config)) and not recurrent(config)
+        memory = prefix_memory if self._reuses else 0
+        self._prefixes = PrefixStore.within(memory, self._cache, self.slots)
+        self._reused = 0  # prompt tokens taken from kept prefixes
+        if warm_up and not backend.eager_loops():
+            self._warm_up()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -183,60 +213,8 @@ class Engine:
             "requests_waiting": waiting,
             "requests_finished": dict(self._finished),
             "tokens_generated": self._tokens,
+            "prompt_tokens_reused": self._reused,
         }
-
-    # ------------------------------------------------------------- programs
-    def _functions(self):
-        model, length = self.model, self.max_length
-        policy = model.dtype_policy
-        direct = policy.compute_dtype == policy.variable_dtype
-
-        def decode(tokens, cache, index, rows, greedy):  # [n, 1], [n], rows
-            if rows is None and greedy and vocabulary_first_head(tokens.shape[0]):
-                hidden, cache = model.backbone(tokens, cache=cache, cache_index=index)
-                logits = model.backbone.logits(hidden[:, 0], vocabulary_first=True)
-                return _first_max(ops.cast(logits, "float32")), cache  # [V, n]
-            if rows is None:  # the whole cache; its first n rows decode in place
-                logits, cache = model.call_with_cache(tokens, cache, index)
-            else:
-                part = keras.tree.map_structure(lambda c: take_rows(c, rows), cache)
-                logits, part = model.call_with_cache(tokens, part, index)
-                cache = keras.tree.map_structure(
-                    lambda c, p: put_rows(c, p, rows), cache, part
-                )
-            logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
-            return (ops.argmax(logits, -1) if greedy else logits), cache
-
-        def greedy(tokens, cache, index, rows):  # -> next ids [n]
-            return decode(tokens, cache, index, rows, True)
-
-        def sampled(tokens, cache, index, rows):  # -> logits [n, V]
-            return decode(tokens, cache, index, rows, False)
-
-        def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
-            cache = model.backbone.init_cache(1, length)
-            hidden, cache = model.backbone(token_ids, cache=cache, cache_index=0)
-            hidden = ops.take(hidden, ops.reshape(last, (1,)), axis=1)
-            logits = model.backbone.logits(hidden)[:, 0, :]
-            return ops.cast(logits, "float32"), cache
-
-        def insert(cache, row, slot):
-            return keras.tree.map_structure(
-                lambda c, r: write_row(c, r, slot), cache, row
-            )
-
-        def move(cache, source, target):
-            return keras.tree.map_structure(
-                lambda c: copy_row(c, source, target), cache
-            )
-
-        variables = model.variables
-        compile_ = backend.compile_function
-        self._greedy = compile_(greedy, variables, direct, donate=(1,))
-        self._sampled = compile_(sampled, variables, direct, donate=(1,))
-        self._prefill = compile_(prefill, variables, direct)
-        self._insert = compile_(insert, [], direct, donate=(0,))
-        self._move = compile_(move, [], direct, donate=(0,))
 
     # ----------------------------------------------------------------- loop
     def _run(self):
@@ -288,16 +266,63 @@ class Engine:
         prefix = _prefix_length(self.model.config, size, self.max_length)
         prefix = self.max_length if prefix is None else prefix
         if prefix:
-            ids = prompt[:prefix] + [0] * (prefix - size)  # padded when longer
-            logits, row = self._prefill(_ids(ids), _scalar(min(prefix, size) - 1))
+            logits, row = self._prefilled(prompt, prefix)
         else:
             row = self.model.backbone.init_cache(1, self.max_length)
-        self._cache = self._insert(self._cache, row, _scalar(slot))
+        self._cache = self._programs.insert(self._cache, row, _scalar(slot))
         if prefix >= size:
             self._index[slot], self._pending[slot] = size, []
             return self._advance(slot, np.asarray(logits)[0])
         self._index[slot], self._feed[slot] = prefix, prompt[prefix]
         self._pending[slot] = prompt[prefix + 1 :]
+
+    def _prefilled(self, prompt: list, prefix: int):
+        """`(logits [1, V], row cache)` of `prompt`'s first `prefix`
+        positions (padded when longer): from a kept row when one begins
+        with enough of the prompt's tokens that its end fits a shorter
+        program (`CHUNK`s of tokens from that position), else all of it."""
+        size, run = len(prompt), self._programs
+        whole = prefix >= size
+        start, kept = self._prefixes.find(prompt) if whole else (0, None)
+        chunk = size - start
+        if not backend.eager_loops():
+            chunk = -(-chunk // CHUNK) * CHUNK
+        if kept is not None and chunk < prefix and start + chunk <= self.max_length:
+            ids = prompt[start:] + [0] * (chunk - (size - start))
+            logits, row = run.extend(
+                kept, _ids(ids), _scalar(start), _scalar(size - start - 1)
+            )
+            self._reused += start
+        else:
+            ids = prompt[:prefix] + [0] * (prefix - size)
+            logits, row = run.prefill(_ids(ids), _scalar(min(prefix, size) - 1))
+        if whole:
+            self._prefixes.add(prompt, row)
+        return logits, row
+
+    def _warm_up(self):
+        """Runs every program once (see `warm_up`), on free rows."""
+        run, sizes = self._programs, range(1, self.slots + 1)
+        for rows in sorted({min(1 << (n - 1).bit_length(), self.slots) for n in sizes}):
+            tokens = ops.convert_to_tensor(np.zeros((rows, 1), "int32"))
+            index = ops.convert_to_tensor(np.zeros(rows, "int32"))
+            for decode in (run.greedy, run.sampled):
+                out, self._cache = decode(
+                    tokens, self._cache, index, self._row_ids(rows)
+                )
+                ops.convert_to_numpy(out)
+        row = None
+        for size in range(BUCKET, min(WARM_PROMPT, self.max_length) + 1, BUCKET):
+            logits, row = run.prefill(_ids([0] * size), _scalar(size - 1))
+            ops.convert_to_numpy(logits)
+        if row is not None:
+            self._cache = run.insert(self._cache, row, _scalar(0))
+        self._cache = run.move(self._cache, _scalar(0), _scalar(0))
+        if row is None or not self._prefixes.capacity:
+            return
+        for size in range(CHUNK, min(WARM_CHUNK, self.max_length) + 1, CHUNK):
+            logits, _ = run.extend(row, _ids([0] * size), _scalar(0), _scalar(0))
+            ops.convert_to_numpy(logits)
 
     def _step(self):
         """One decoding step of the busy rows: moved to the front first, then
@@ -313,7 +338,8 @@ class Engine:
         tokens = ops.convert_to_tensor(self._feed[:rows, None])
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
-        decode = self._greedy if greedy else self._sampled
+        run = self._programs
+        decode = run.greedy if greedy else run.sampled
         out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
         out = np.asarray(ops.convert_to_numpy(out))
         for slot in range(busy):
@@ -346,7 +372,9 @@ class Engine:
         busy = [s for s, r in enumerate(self._rows) if r is not None]
         while free and busy and free[0] < busy[-1]:
             target, source = free.pop(0), busy.pop()
-            self._cache = self._move(self._cache, _scalar(source), _scalar(target))
+            self._cache = self._programs.move(
+                self._cache, _scalar(source), _scalar(target)
+            )
             for state in (self._rows, self._texts, self._rngs, self._pending):
                 state[target], state[source] = state[source], None
             self._pending[source] = []
@@ -393,17 +421,6 @@ class Engine:
             self._finished[reason.split(":")[0]] += 1
         if request.on_event is not None:
             request.on_event(text, reason)
-
-
-def _first_max(logits):
-    """`argmax(logits, 0)` of `[V, n]` logits, as their maximum and the first
-    index holding it (two reductions XLA:CPU vectorizes: SmolLM2's 49,152
-    logits of 8 rows in 0.5-1.0 ms, against 1.0-1.9 ms for its argmax)."""
-    size = logits.shape[0]
-    top = ops.max(logits, axis=0, keepdims=True)  # [1, n]
-    ids = ops.arange(size, dtype="int32")[:, None]  # [V, 1]
-    first = ops.min(ops.where(logits == top, ids, size), axis=0)  # [n]
-    return ops.minimum(first, size - 1)  # NaN logits: the last id, not V
 
 
 def _ids(tokens) -> object:
