@@ -139,20 +139,18 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size=64):
     k_write = k * ops.exp(c[..., -1:] - c)[..., None]
     chunk_decay = ops.exp(c[..., -1])[..., None, None]  # [n, B, H, 1, 1]
 
-    chunks = (values, keys_read, q_read, scores, k_write, chunk_decay)
-    out = ops.zeros(ops.shape(values), "float32")  # [n, B, H, C, Dv]
-
-    def step(i, carry):
-        s, out = carry
-        values, keys_read, q_read, scores, k_write, decay = (
-            ops.take(x, i, axis=0) for x in chunks
-        )
+    def step(s, chunk):  # the state on to the next chunk, and this one's
+        values, keys_read, k_write, decay = chunk
         u = values - ops.matmul(keys_read, s)  # [B, H, C, Dv]
-        read = ops.matmul(q_read, s) + ops.matmul(scores, u)
-        out = ops.slice_update(out, (i, 0, 0, 0, 0), read[None])
-        return s * decay + ops.matmul(ops.swapaxes(k_write, -1, -2), u), out
+        return s * decay + ops.matmul(ops.swapaxes(k_write, -1, -2), u), s
 
-    state, out = ops.fori_loop(0, ops.shape(values)[0], step, (state, out))
+    # Only the states go through the scan (outputs of the carry's shape, as
+    # Keras' TensorFlow scan takes, differentiable on every backend); the
+    # chunks' reads are then batched products over all chunks at once.
+    chunks = (values, keys_read, k_write, chunk_decay)
+    state, starts = ops.scan(step, state, chunks)  # [n, B, H, Dk, Dv]
+    u = values - ops.matmul(keys_read, starts)
+    out = ops.matmul(q_read, starts) + ops.matmul(scores, u)  # [n, B, H, C, Dv]
     out = ops.transpose(out, (1, 0, 3, 2, 4))  # [B, n, C, H, Dv]
     shape = ops.shape(out)
     out = ops.reshape(out, (shape[0], -1, shape[3], shape[4]))

@@ -28,7 +28,7 @@ def _build(name, distribution=None):
     cls, preset, extra, data, *_ = FAMILIES[name]
     keras.utils.set_random_seed(7)
     model = cls.from_preset(
-        preset, dropout=0.0, num_layers=1, distribution=distribution, **extra
+        preset, dropout=0.0, distribution=distribution, **{"num_layers": 1, **extra}
     )
     x, y, loss = data()
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
@@ -85,7 +85,7 @@ def test_variables_sharded_as_the_layout_says(name):
     assert norms and all(not any(layouts[p]) for p in norms)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mixtral", "seq2seq"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mixtral", "qwen3_5", "qwen_moe", "seq2seq"])
 def test_generate_on_sharded_model(name):
     single, x, _ = _build(name)
     weights = single.get_weights()
