@@ -3,10 +3,12 @@ begins with a recent one's tokens prefills only the rest and replies as
 `generate` does; the store keeps the most recent rows and finds the
 longest shared beginning; after `warm_up` serving traces no program."""
 
+import time
+
 import keras
 import numpy as np
 import pytest
-from test_serving_engine import _expected, _lm, _run
+from test_serving_engine import TOKENS, _expected, _lm, _run
 
 from keras_transformers.serving import Engine, Request, programs
 from keras_transformers.serving.engine import BUCKET
@@ -30,6 +32,36 @@ def test_a_prompt_sharing_a_beginning_prefills_the_rest_and_replies_as_generate(
     # The second and third share the system prompt with the first; the
     # fourth repeats the second but its last token.
     assert reused == 2 * len(system) + len(prompts[3]) - 1
+
+
+def test_prompts_arriving_together_prefill_their_ends_in_one_program():
+    lm = _lm()
+    rng = np.random.default_rng(3)
+    system = rng.integers(1, 500, BUCKET + 3).tolist()
+    prompts = [system + rng.integers(1, 500, n).tolist() for n in (1, 5, 9)]
+    engine = Engine(lm, slots=4, max_length=96)
+    sizes = []
+    extend = engine._programs.extend
+    engine._programs.extend = lambda rows, *args: (
+        sizes.append(len(rows)) or extend(rows, *args)
+    )
+    try:
+        _run(engine, [system + [1]])  # keeps the system prompt's row
+        requests = [Request(prompt=p, max_tokens=TOKENS) for p in prompts]
+        with engine._wake:  # all waiting when the engine next looks
+            engine._waiting.extend(requests)
+            engine._wake.notify()
+        deadline = time.time() + 300
+        while any(r.finish_reason is None for r in requests):
+            assert time.time() < deadline
+            time.sleep(0.01)
+        reused = engine.stats()["prompt_tokens_reused"]
+    finally:
+        engine.close()
+    assert sizes == [4]  # three prompts, one program of 4 rows (a copy pads it)
+    assert reused == 3 * len(system)
+    for request, prompt in zip(requests, prompts):
+        assert request.tokens == _expected(lm, prompt)
 
 
 def test_no_kept_rows_without_prefix_memory_or_for_sliding_windows():

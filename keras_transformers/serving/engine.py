@@ -37,15 +37,11 @@ import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.config.layer_types import recurrent, sliding_windows
+from keras_transformers.config.layer_types import recurrent
 from keras_transformers.generation.generate import BUCKET, _prefix_length
 from keras_transformers.serving import programs
-from keras_transformers.serving.prefixes import PrefixStore
+from keras_transformers.serving.prefill import Prefiller
 from keras_transformers.serving.text import TextStream
-
-CHUNK = 16  # a prompt's tokens after a kept prefix, padded to a multiple
-WARM_PROMPT = 128  # `warm_up` compiles the prefills of prompts up to this
-WARM_CHUNK = 64  # and of prompt ends after a kept prefix up to this
 
 
 @dataclass
@@ -92,8 +88,8 @@ class Engine:
         warm_up: compile the programs before serving (JAX and TensorFlow):
             a decoding step for every number of rows a step can take
             (greedy and sampled), the prefill of prompts up to
-            `WARM_PROMPT` tokens and of prompt ends after a kept prefix up
-            to `WARM_CHUNK`; otherwise each compiles the first time it is
+            `prefill.WARM_PROMPT` tokens and of prompt ends after a kept
+            beginning (`prefill.WARM_CHUNK`); otherwise each compiles the first time it is
             needed, and the running requests wait for it (seconds).
         prefix_memory: MiB for the cache rows of recent prompts (0: none
             kept): a prompt that begins with a kept one's tokens prefills
@@ -151,10 +147,14 @@ class Engine:
         self._tokens = 0  # reply tokens generated
         self._in_place = not recurrent(config)
         self._programs = programs.build(model, self.max_length)
-        self._reuses = not any(sliding_windows(config)) and not recurrent(config)
-        memory = prefix_memory if self._reuses else 0
-        self._prefixes = PrefixStore.within(memory, self._cache, self.slots)
-        self._reused = 0  # prompt tokens taken from kept prefixes
+        self._prefill = Prefiller(
+            model,
+            self._programs,
+            self.max_length,
+            self.slots,
+            self._cache,
+            prefix_memory,
+        )
         if warm_up and not backend.eager_loops():
             self._warm_up()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -213,7 +213,7 @@ class Engine:
             "requests_waiting": waiting,
             "requests_finished": dict(self._finished),
             "tokens_generated": self._tokens,
-            "prompt_tokens_reused": self._reused,
+            "prompt_tokens_reused": self._prefill.reused,
         }
 
     # ----------------------------------------------------------------- loop
@@ -241,23 +241,33 @@ class Engine:
                 self._finish(slot, "cancelled")
 
     def _admit(self):
+        """Gives free rows to waiting requests: prompts that arrive together
+        prefill in one program when they can (`Prefiller.many`)."""
+        starting = []
         for slot in range(self.slots):
             if self._rows[slot] is not None:
                 continue
             with self._wake:
                 request = self._waiting.popleft() if self._waiting else None
             if request is None:
-                return
+                break
             if request.cancelled:
                 self._report(request, "", "cancelled")
                 continue
-            self._start(slot, request)
+            self._rows[slot] = request
+            starting.append((slot, request))
+        prompts = [[int(t) for t in r.prompt] for _, r in starting]
+        together = self._prefill.many(prompts) if len(starting) > 1 else None
+        for (slot, request), done in zip(starting, together or [None] * len(starting)):
+            self._start(slot, request, done)
 
-    def _start(self, slot: int, request: Request):
+    def _start(self, slot: int, request: Request, done=None):
         """Prefills `request`'s prompt into row `slot`, as `generate` does
-        (`_prefix_length`): a whole prompt padded to a bucket, then its
-        first reply token chosen; or, for ring caches and recurrent states,
-        its prefix in whole buckets, the rest fed by the batched steps."""
+        (`_prefix_length`): a whole prompt padded to a bucket (or its end
+        after a kept beginning, see `Prefiller`), then its first reply token
+        chosen; or, for ring caches and recurrent states, its prefix in
+        whole buckets, the rest fed by the batched steps. `done`:
+        `(logits [V], row)` when prefilled already."""
         prompt = [int(t) for t in request.prompt]
         size = len(prompt)
         self._rows[slot] = request
@@ -265,8 +275,10 @@ class Engine:
         self._rngs[slot] = np.random.default_rng(request.seed)
         prefix = _prefix_length(self.model.config, size, self.max_length)
         prefix = self.max_length if prefix is None else prefix
-        if prefix:
-            logits, row = self._prefilled(prompt, prefix)
+        if done is not None:
+            logits, row = done[0][None], done[1]
+        elif prefix:
+            logits, row = self._prefill.one(prompt, prefix)
         else:
             row = self.model.backbone.init_cache(1, self.max_length)
         self._cache = self._programs.insert(self._cache, row, _scalar(slot))
@@ -276,34 +288,11 @@ class Engine:
         self._index[slot], self._feed[slot] = prefix, prompt[prefix]
         self._pending[slot] = prompt[prefix + 1 :]
 
-    def _prefilled(self, prompt: list, prefix: int):
-        """`(logits [1, V], row cache)` of `prompt`'s first `prefix`
-        positions (padded when longer): from a kept row when one begins
-        with enough of the prompt's tokens that its end fits a shorter
-        program (`CHUNK`s of tokens from that position), else all of it."""
-        size, run = len(prompt), self._programs
-        whole = prefix >= size
-        start, kept = self._prefixes.find(prompt) if whole else (0, None)
-        chunk = size - start
-        if not backend.eager_loops():
-            chunk = -(-chunk // CHUNK) * CHUNK
-        if kept is not None and chunk < prefix and start + chunk <= self.max_length:
-            ids = prompt[start:] + [0] * (chunk - (size - start))
-            logits, row = run.extend(
-                kept, _ids(ids), _scalar(start), _scalar(size - start - 1)
-            )
-            self._reused += start
-        else:
-            ids = prompt[:prefix] + [0] * (prefix - size)
-            logits, row = run.prefill(_ids(ids), _scalar(min(prefix, size) - 1))
-        if whole:
-            self._prefixes.add(prompt, row)
-        return logits, row
-
     def _warm_up(self):
         """Runs every program once (see `warm_up`), on free rows."""
-        run, sizes = self._programs, range(1, self.slots + 1)
-        for rows in sorted({min(1 << (n - 1).bit_length(), self.slots) for n in sizes}):
+        run = self._programs
+        steps = sorted({_rows_for(n, self.slots) for n in range(1, self.slots + 1)})
+        for rows in steps:
             tokens = ops.convert_to_tensor(np.zeros((rows, 1), "int32"))
             index = ops.convert_to_tensor(np.zeros(rows, "int32"))
             for decode in (run.greedy, run.sampled):
@@ -311,18 +300,10 @@ class Engine:
                     tokens, self._cache, index, self._row_ids(rows)
                 )
                 ops.convert_to_numpy(out)
-        row = None
-        for size in range(BUCKET, min(WARM_PROMPT, self.max_length) + 1, BUCKET):
-            logits, row = run.prefill(_ids([0] * size), _scalar(size - 1))
-            ops.convert_to_numpy(logits)
-        if row is not None:
-            self._cache = run.insert(self._cache, row, _scalar(0))
+        self._prefill.warm_up([n for n in steps if n > 1])
+        row = self.model.backbone.init_cache(1, self.max_length)
+        self._cache = run.insert(self._cache, row, _scalar(0))
         self._cache = run.move(self._cache, _scalar(0), _scalar(0))
-        if row is None or not self._prefixes.capacity:
-            return
-        for size in range(CHUNK, min(WARM_CHUNK, self.max_length) + 1, CHUNK):
-            logits, _ = run.extend(row, _ids([0] * size), _scalar(0), _scalar(0))
-            ops.convert_to_numpy(logits)
 
     def _step(self):
         """One decoding step of the busy rows: moved to the front first, then
@@ -334,7 +315,7 @@ class Engine:
         busy = self._compact()
         if not busy:
             return
-        rows = min(1 << (busy - 1).bit_length(), self.slots)
+        rows = _rows_for(busy, self.slots)
         tokens = ops.convert_to_tensor(self._feed[:rows, None])
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
@@ -423,8 +404,10 @@ class Engine:
             request.on_event(text, reason)
 
 
-def _ids(tokens) -> object:
-    return ops.convert_to_tensor(np.asarray([tokens], "int32"))
+def _rows_for(busy: int, slots: int) -> int:
+    """Rows a step (or a prefill of prompts together) takes for `busy`:
+    the next power of two, at most `slots`."""
+    return min(1 << (busy - 1).bit_length(), slots)
 
 
 def _scalar(value: int):

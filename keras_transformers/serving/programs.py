@@ -1,9 +1,10 @@
 """The serving `Engine`'s model programs, compiled once per shape where the
 backend compiles (see `backend.compile_function`): a decoding step of the
 first `n` rows of the batch's cache (greedy or returning logits), the
-prefill of a prompt into a cache of one row, the prefill of a prompt's
-remaining tokens after a prefix another prompt left in a row (`extend`),
-and the row copies (`insert`, `move`)."""
+prefill of a prompt into a cache of one row, the prefill of the
+remaining tokens of `k` prompts after a beginning other prompts left in
+rows (`extend`, all from one position), and the row copies (`insert`,
+`move`)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Programs:
     greedy: object  # (tokens [n, 1], cache, index [n], rows) -> (ids [n], cache)
     sampled: object  # (tokens [n, 1], cache, index [n], rows) -> ([n, V], cache)
     prefill: object  # (ids [1, P], last) -> (logits [1, V], row cache)
-    extend: object  # (row cache, ids [1, T], start, last) -> (logits [1, V], row)
+    extend: object  # (k rows, ids [k, T], start, last [k]) -> ([k, V], k rows)
     insert: object  # (cache, row cache, slot) -> cache
     move: object  # (cache, source, target) -> cache
 
@@ -67,11 +68,23 @@ def build(model, length: int) -> Programs:
         hidden, cache = backbone(token_ids, cache=cache, cache_index=0)
         return last_logits(hidden, last), cache
 
-    def extend(row, token_ids, start, last):  # row cache, [1, T], scalars
-        if backend.eager_loops():  # eager layers write in place: keep `row`
-            row = keras.tree.map_structure(ops.copy, row)
-        hidden, row = backbone(token_ids, cache=row, cache_index=start)
-        return last_logits(hidden, last), row
+    def extend(rows, token_ids, start, last):  # k row caches, [k, T], [k]
+        if len(rows) > 1:  # one cache of k rows
+            cache = keras.tree.map_structure(lambda *r: ops.concatenate(r, 0), *rows)
+        elif backend.eager_loops():  # eager layers write in place: keep the row
+            cache = keras.tree.map_structure(ops.copy, rows[0])
+        else:
+            cache = rows[0]
+        hidden, cache = backbone(token_ids, cache=cache, cache_index=start)
+        hidden = ops.take_along_axis(hidden, last[:, None, None], axis=1)
+        logits = ops.cast(backbone.logits(hidden)[:, 0, :], "float32")  # [k, V]
+        if len(rows) == 1:
+            return logits, (cache,)
+        own = ops.copy if backend.eager_loops() else (lambda c: c)  # not views
+        split = [slice(j, j + 1) for j in range(len(rows))]
+        return logits, tuple(
+            keras.tree.map_structure(lambda c, j=j: own(c[j]), cache) for j in split
+        )
 
     def insert(cache, row, slot):
         return keras.tree.map_structure(lambda c, r: write_row(c, r, slot), cache, row)
