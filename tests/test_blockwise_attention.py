@@ -3,6 +3,8 @@ and gradients: causal, sliding windows, padding (rows with every key
 masked included), grouped K/V heads, soft-capping, sinks, encoders and
 cross-attention; and a model's training step is unchanged by the switch."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -46,6 +48,17 @@ def _layers(options):
     return made
 
 
+def _no_gradient():
+    """Where calls take no gradient (PyTorch: `torch.no_grad`; JAX: any
+    call outside `jax.grad`; TensorFlow always computes the forward pass
+    that keeps its residuals)."""
+    if keras.config.backend() == "torch":
+        import torch
+
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
 def _record_blockwise(monkeypatch, argument):
     """The list that each call of `blockwise_attention` from attention
     layers appends its keyword `argument` to."""
@@ -61,8 +74,14 @@ def _record_blockwise(monkeypatch, argument):
     return calls
 
 
+@pytest.mark.parametrize("key_block", [0, 3])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_blockwise_equals_explicit(case):
+def test_blockwise_equals_explicit(case, key_block, monkeypatch):
+    """Outputs without a gradient (in tiles of 3 keys: an online softmax;
+    or all of a block's keys at once) and gradients."""
+    from keras_transformers.layers import blockwise_attention
+
+    monkeypatch.setattr(blockwise_attention, "KEY_BLOCK", key_block)
     options = CASES[case]
     rng = np.random.default_rng(1)
     query = rng.normal(size=(B, T, D)).astype("float32")
@@ -82,7 +101,8 @@ def test_blockwise_equals_explicit(case):
         def loss(layer=layer):
             return keras.ops.sum(layer(query, **kwargs) * keras.ops.array(weights))
 
-        out = to_numpy(layer(query, **kwargs))
+        with _no_gradient():
+            out = to_numpy(layer(query, **kwargs))
         results.append((out, gradients(loss, layer.trainable_weights)))
     (out_a, grads_a), (out_b, grads_b) = results
     assert_close(out_b, out_a, atol=2e-5)
@@ -139,7 +159,8 @@ STRUCTURES = {
 def test_structure_from_positions_equals_its_mask(structure):
     """Without a mask, aligned blocks build the causal or sliding-window
     structure from positions: the same outputs and gradients as with the
-    explicit `[T, S]` mask (13 tokens in blocks of 4, the last one short)."""
+    explicit `[T, S]` mask (13 tokens in blocks of 4, the last one short;
+    outputs in tiles of 2 keys)."""
     from keras_transformers.layers.blockwise_attention import blockwise_attention
     from keras_transformers.layers.masks import attention_mask
 
@@ -159,11 +180,21 @@ def test_structure_from_positions_equals_its_mask(structure):
 
         def loss(given=given):
             out = blockwise_attention(
-                q, k, v, given, scale=0.3, block_size=4, aligned=True, **options
+                q,
+                k,
+                v,
+                given,
+                scale=0.3,
+                block_size=4,
+                aligned=True,
+                key_block=2,
+                **options,
             )
             return keras.ops.sum(out * weights), out
 
-        results.append((to_numpy(loss()[1]), gradients(lambda: loss()[0], [q, k, v])))
+        with _no_gradient():
+            out = to_numpy(loss()[1])
+        results.append((out, gradients(lambda: loss()[0], [q, k, v])))
     (out_a, grads_a), (out_b, grads_b) = results
     assert_close(out_b, out_a, atol=1e-6)
     for grad_a, grad_b in zip(grads_a, grads_b):

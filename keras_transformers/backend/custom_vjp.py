@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 
 
-def custom_vjp(forward, backward):
+def custom_vjp(forward, backward, primal=None):
     """`f(*tensors)` computing `forward` with `backward` as its gradient.
 
     Args:
@@ -21,6 +21,11 @@ def custom_vjp(forward, backward):
         backward: `backward(residuals, output_gradient) -> gradients`, one
             per input tensor (None for an input without a gradient: a
             boolean mask).
+        primal: `primal(*tensors) -> output`, the same output computed
+            without residuals, for calls no gradient goes through (JAX: a
+            call outside `jax.grad` and its kin; PyTorch: no input requires
+            a gradient, or gradients are off), or None: `forward`'s output.
+            TensorFlow always runs `forward`.
 
     Returns:
         A function of the same tensors returning `output`.
@@ -31,21 +36,22 @@ def custom_vjp(forward, backward):
         9.0
     """
     name = keras.config.backend()
+    primal = primal or (lambda *tensors: forward(*tensors)[0])
     if name == "jax":
-        return _jax(forward, backward)
+        return _jax(forward, backward, primal)
     if name == "tensorflow":
         return _tensorflow(forward, backward)
     if name == "torch":
-        return _torch(forward, backward)
+        return _torch(forward, backward, primal)
     raise NotImplementedError(f"custom_vjp: no backward pass for backend {name!r}")
 
 
-def _jax(forward, backward):
+def _jax(forward, backward, primal):
     import jax
 
     @jax.custom_vjp
     def f(*tensors):
-        return forward(*tensors)[0]
+        return primal(*tensors)
 
     def bwd(residuals, grad):
         # What `backward` recomputes from the residuals alone would
@@ -74,7 +80,7 @@ def _tensorflow(forward, backward):
     return lambda *tensors: f(*(tf.convert_to_tensor(t) for t in tensors))
 
 
-def _torch(forward, backward):
+def _torch(forward, backward, primal):
     import torch
 
     class Function(torch.autograd.Function):
@@ -91,4 +97,11 @@ def _torch(forward, backward):
         def backward(ctx, grad):
             return tuple(backward(ctx.saved_tensors, grad))
 
-    return Function.apply
+    def f(*tensors):
+        if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+        ):
+            return Function.apply(*tensors)
+        return primal(*tensors)
+
+    return f

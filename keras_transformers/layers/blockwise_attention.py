@@ -34,6 +34,7 @@ rows of a block.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from keras import ops
@@ -43,6 +44,7 @@ from keras_transformers.backend.custom_vjp import custom_vjp
 
 MASKED = -1e9  # the masked score of the explicit path
 BLOCK_SIZE = 128  # query positions per block by default
+KEY_BLOCK = 512  # keys per tile of a block's forward pass without gradients
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class _Spec:
     empty_rows: bool  # the mask may mask every key of a query
     causal: bool  # without a mask: the block's structure from positions
     window: int | None
+    key_block: int | None  # keys per tile (None: a block's keys at once)
     blocks: tuple  # ((query start, stop, key start, stop), ...)
 
     def unpack(self, tensors):
@@ -97,6 +100,7 @@ def blockwise_attention(
     window=None,
     aligned=False,
     block_size=BLOCK_SIZE,
+    key_block=None,
 ):
     """`[B, T, N, H]` attention outputs of `q [B, T, N, H]` over `k`, `v`
     `[B, S, K, H]`, computed and differentiated block by block.
@@ -114,6 +118,11 @@ def blockwise_attention(
         aligned: queries and keys share positions `0 .. T - 1` (self
             attention without a cache or memory).
         block_size: query positions per block.
+        key_block: keys per tile of a block when no gradient is taken
+            (prefill, evaluation): an online softmax over the tiles keeps
+            each tile's scores in the CPU's caches (None: `KEY_BLOCK`; 0:
+            all of a block's keys at once). A differentiated call takes each
+            block's keys at once (measured faster there).
 
     Returns:
         `[B, T, N, H]` in `v`'s dtype.
@@ -150,6 +159,7 @@ def blockwise_attention(
         empty_rows=mask is not None and sinks is None,
         causal=structural and causal,
         window=window if structural else None,
+        key_block=None,
         blocks=blocks,
     )
     tensors = [
@@ -157,7 +167,11 @@ def blockwise_attention(
     ]
     forward = lambda *x: _forward(spec, *x)  # noqa: E731
     backward = lambda r, g: _backward(spec, r, g)  # noqa: E731
-    return custom_vjp(forward, backward)(*tensors)
+    tiled = dataclasses.replace(
+        spec, key_block=KEY_BLOCK if key_block is None else key_block or None
+    )
+    primal = lambda *x: _forward(tiled, *x)[0]  # noqa: E731
+    return custom_vjp(forward, backward, primal)(*tensors)
 
 
 def _key_range(start, stop, length, causal, window, aligned):
@@ -230,27 +244,53 @@ def _rows(spec, x):
     return ops.reshape(x, (b, k, t * g, s))
 
 
+def _tiles(spec, block):
+    """A block's keys in tiles of at most `spec.key_block`: `(a, z, lo, hi)`
+    per tile, so a tile's scores `[B, K, M, Sb]` stay small enough for the
+    CPU's caches."""
+    a, z, lo, hi = block
+    size = spec.key_block or (hi - lo)
+    return [(a, z, t, min(t + size, hi)) for t in range(lo, hi, size)]
+
+
 def _forward(spec, *tensors):
     q, k, v, mask, sinks = spec.unpack(tensors)
     qh = spec.heads_first(q)
     kh, vh = ops.transpose(k, (0, 2, 1, 3)), ops.transpose(v, (0, 2, 1, 3))
     sink = None if sinks is None else spec.sinks(sinks)
-    outs, lses = [], []
+    outs, lses, last = [], [], None
     for block in spec.blocks:
-        qb, kb, vb = _slices(spec, block, qh, kh, vh)
-        if outs:  # one block at a time (`backend.after`)
-            qb = backend.after(qb, outs[-1])
-        scores, _ = _scores(spec, block, qb, kb, mask)
-        top = ops.max(scores, axis=-1, keepdims=True)
+        # An online softmax over the block's key tiles: the running maximum
+        # `top`, sum `total` and unnormalised output `acc`; a sink starts
+        # them as its own column (maximum = sink, sum = 1, nothing added).
+        top = total = acc = None
         if sink is not None:
-            top = ops.maximum(top, sink)
-        e = ops.exp(scores - top)
-        total = ops.sum(e, axis=-1, keepdims=True)  # [B, K, Tb, G, 1]
-        if sink is not None:
-            total = total + ops.exp(sink - top)
-        products = ops.einsum("bkms,bksd->bkmd", ops.cast(_rows(spec, e), v.dtype), vb)
-        products = ops.reshape(ops.cast(products, "float32"), ops.shape(e)[:-1] + (-1,))
-        outs.append(ops.cast(products / total, v.dtype))  # [B, K, Tb, G, H]
+            shape = (ops.shape(qh)[0], spec.kv_heads, block[1] - block[0])
+            top = ops.broadcast_to(sink, shape + (spec.groups, 1))
+            total, acc = ops.ones_like(top), 0.0
+        for tile in _tiles(spec, block):
+            qb, kb, vb = _slices(spec, tile, qh, kh, vh)
+            if last is not None:  # one tile at a time (`backend.after`)
+                qb = backend.after(qb, last)
+            scores, _ = _scores(spec, tile, qb, kb, mask)
+            new_top = ops.max(scores, axis=-1, keepdims=True)
+            if top is not None:
+                new_top = ops.maximum(top, new_top)
+            e = ops.exp(scores - new_top)
+            products = ops.einsum(
+                "bkms,bksd->bkmd", ops.cast(_rows(spec, e), v.dtype), vb
+            )
+            products = ops.reshape(
+                ops.cast(products, "float32"), ops.shape(e)[:-1] + (-1,)
+            )
+            tile_total = ops.sum(e, axis=-1, keepdims=True)  # [B, K, Tb, G, 1]
+            if top is None:
+                total, acc = tile_total, products
+            else:
+                scale = ops.exp(top - new_top)
+                total, acc = total * scale + tile_total, acc * scale + products
+            top, last = new_top, acc
+        outs.append(ops.cast(acc / total, v.dtype))  # [B, K, Tb, G, H]
         lses.append(ops.squeeze(top + ops.log(total), -1))  # [B, K, Tb, G]
     out = ops.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     lse = ops.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]
