@@ -14,6 +14,12 @@ Contenders (`--contenders`), each an HTTP server process of its own on
   is `KERAS_BACKEND` (or `~/.keras/keras.json`'s);
 - `ours_single`: the same server with `--slots 1`: requests queue and are
   decoded one at a time;
+- both with the server's defaults: programs compiled before serving
+  (warm-up) and the cache rows of recent prompts kept (`--prefix-memory`);
+  `--ours-args` adds arguments to both (e.g. `--ours-args="--no-warm-up
+  --prefix-memory 0"`). The workload repeats its prompts (and SmolLM2's
+  chat template starts each with the same system prompt), so after the
+  untimed warm-up every prompt begins with a kept one;
 - `hf_serve`: `transformers serve DIR --continuous-batching --device cpu
   --dtype float32` (eager PyTorch, paged attention, the model in a child
   process). On a CPU, transformers sizes that cache to 60% of the machine's
