@@ -82,6 +82,7 @@ def test_blockwise_equals_explicit(case, key_block, monkeypatch):
     from keras_transformers.layers import blockwise_attention
 
     monkeypatch.setattr(blockwise_attention, "KEY_BLOCK", key_block)
+    monkeypatch.setattr(blockwise_attention, "QUERY_BLOCK", 4)
     options = CASES[case]
     rng = np.random.default_rng(1)
     query = rng.normal(size=(B, T, D)).astype("float32")
@@ -188,6 +189,7 @@ def test_structure_from_positions_equals_its_mask(structure):
                 block_size=4,
                 aligned=True,
                 key_block=2,
+                query_block=4,
                 **options,
             )
             return keras.ops.sum(out * weights), out
