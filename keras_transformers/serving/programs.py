@@ -59,8 +59,9 @@ def build(model, length: int) -> Programs:
     def sampled(tokens, cache, index, rows):  # -> logits [n, V]
         return decode(tokens, cache, index, rows, False)
 
-    def last_logits(hidden, last):  # [1, T, D], scalar -> [1, V]
-        hidden = ops.take(hidden, ops.reshape(last, (1,)), axis=1)
+    def last_logits(hidden, last):  # [k, T, D], [k] (or a scalar) -> [k, V]
+        last = ops.reshape(last, (-1, 1, 1))
+        hidden = ops.take_along_axis(hidden, last, axis=1)
         return ops.cast(backbone.logits(hidden)[:, 0, :], "float32")
 
     def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
@@ -76,8 +77,7 @@ def build(model, length: int) -> Programs:
         else:
             cache = rows[0]
         hidden, cache = backbone(token_ids, cache=cache, cache_index=start)
-        hidden = ops.take_along_axis(hidden, last[:, None, None], axis=1)
-        logits = ops.cast(backbone.logits(hidden)[:, 0, :], "float32")  # [k, V]
+        logits = last_logits(hidden, last)  # [k, V]
         if len(rows) == 1:
             return logits, (cache,)
         own = ops.copy if backend.eager_loops() else (lambda c: c)  # not views
