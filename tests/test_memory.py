@@ -382,3 +382,32 @@ def test_xla_cpu_scheduler_flag_set_at_import_or_warned():
     assert "XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false" in (
         runs[1].stderr
     )
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's remat policies")
+def test_remat_matmuls_keeps_blockwise_attention_outputs():
+    """`remat="matmuls"` keeps blockwise attention's output and log-sum-exp
+    (named residuals), so the backward pass does not run its forward again;
+    the other element-wise results are recomputed."""
+    import contextlib
+    import io
+
+    import jax
+    from jax.ad_checkpoint import print_saved_residuals
+
+    model = kt.from_preset(
+        "gpt_llama_tiny", num_layers=2, remat="matmuls", attention_block_size=8
+    )
+    x = np.ones((1, 32), "int32")
+    state = [v.value for v in model.non_trainable_variables]
+
+    def loss(values):
+        logits, _ = model.stateless_call(values, state, x, training=True)
+        return jax.numpy.sum(logits)
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(loss, [v.value for v in model.trainable_variables])
+    saved = printed.getvalue()
+    for name in ("attention_output", "attention_logsumexp"):
+        assert saved.count(f"named '{name}'") == 2, saved

@@ -41,6 +41,7 @@ from keras import ops
 
 from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
+from keras_transformers.backend.remat import checkpoint_name
 
 MASKED = -1e9  # the masked score of the explicit path
 BLOCK_SIZE = 128  # query positions per block by default
@@ -308,11 +309,13 @@ def _forward(spec, *tensors):
     out = ops.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     lse = ops.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]
     out = spec.heads_last(out)
+    lse = checkpoint_name(lse, "attention_logsumexp")  # kept by remat="matmuls"
     if spec.empty_rows:  # every key masked: uniform over all S keys
         rows = ops.any(mask, axis=-1)[:, 0, :, None, None]  # [B|1, T, 1, 1]
         uniform = ops.mean(v, axis=1, keepdims=True)  # [B, 1, K, H]
         uniform = ops.repeat(uniform, spec.groups, axis=2)  # [B, 1, N, H]
         out = ops.where(rows, out, ops.cast(uniform, out.dtype))
+    out = checkpoint_name(out, "attention_output")
     return out, (q, k, v, mask, sinks, out, lse)
 
 
