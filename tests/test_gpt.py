@@ -164,6 +164,29 @@ def test_prefill_logits_choose_the_first_new_token(stream, monkeypatch):
         assert row[: len(expected)].tolist() == expected
 
 
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="PyTorch's eager prefill")
+def test_eager_prefill_from_position_0_attends_causally_without_a_mask(
+    monkeypatch, ids
+):
+    """An eager prefill at position 0 attends to exactly its own keys: the
+    fused kernel's causal form (no `[T, S]` mask, the hidden half of the
+    scores skipped), with the full forward's logits."""
+    from keras_transformers import backend
+
+    keras.utils.set_random_seed(0)
+    lm = kt.from_preset("gpt_llama_tiny")
+    calls, fused = [], backend.dot_product_attention
+
+    def recording(q, k, v, mask=None, **kwargs):
+        calls.append((mask is None, kwargs.get("is_causal")))
+        return fused(q, k, v, mask=mask, **kwargs)
+
+    monkeypatch.setattr(backend, "dot_product_attention", recording)
+    logits, _ = lm.call_with_cache(ids, lm.backbone.init_cache(2, 16), 0)
+    assert calls == [(True, True)] * lm.config.num_layers
+    assert_close(to_numpy(logits), to_numpy(lm(ids)), atol=1e-5)
+
+
 def test_generate_stop_tokens_and_streaming(one_layer_lm):
     lm = one_layer_lm
     prompt = [[5, 6, 7]]

@@ -358,7 +358,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 positions = self._positions(ops.shape(query)[1], offset)
             q, k = self.process_heads(q, k, positions)
         causal = self.causal and self_attention
-        key_positions = None
+        key_positions, from_start = None, False  # from_start: keys = the queries
         if cache is not None and row_cache.is_row_index(cache_index):
             window = causal and self.sliding_window  # None / False: no window
             k, v, cache, key_padding_mask = row_cache.update(
@@ -387,6 +387,7 @@ class MultiHeadAttention(keras.layers.Layer):
                     if sliceable_bias(attention_bias):
                         attention_bias = attention_bias[..., :filled]
                     causal = causal and ops.shape(q)[1] > 1
+                    from_start = cache_index == 0
         if memory is not None:
             k, v, key_padding_mask = with_memory(
                 self, memory, memory_mask, k, v, key_padding_mask, cache is not None
@@ -396,7 +397,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_bias = attention_bias(q, k)
         use_is_causal = (
             causal
-            and cache is None
+            and (cache is None or from_start)
             and memory is None
             and key_padding_mask is None
             and self.sliding_window is None
