@@ -6,7 +6,8 @@
   (`backend.remat.remat`: `jax.checkpoint`, `tf.recompute_grad` or
   `torch.utils.checkpoint`). With `remat=True` its backward pass keeps only
   the block input and recomputes the rest; with `remat="matmuls"` it also
-  keeps the outputs of the weight products (JAX and PyTorch).
+  keeps the outputs of the weight products and of attention (JAX and
+  PyTorch).
 * `estimate_memory(config, batch_size, sequence_length, ...)`: bytes of
   parameters, gradients, optimizer state and activations of one training
   step, and the training FLOPs per token, from the config alone (no weights:
@@ -24,7 +25,10 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_transformers.backend.choices import recompute_reads_variables
+from keras_transformers.backend.choices import (
+    recompute_reads_variables,
+    remat_keeps_selectively,
+)
 from keras_transformers.backend.remat import remat as backend_remat
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.layer_types import sliding_windows
@@ -291,12 +295,12 @@ def _block_elements(config, tokens_context, moe, cross_context=0, fused=True):
 
 def _matmul_elements(config, moe, cross) -> int:
     """Elements per token of one block's weight-product outputs (what
-    `remat="matmuls"` keeps besides the block input): q, k, v and the
-    attention output projection per attention, the feed-forward's input
-    products (2F gated, F plain; k experts' for MoE) and its output."""
+    `remat="matmuls"` keeps besides the block input): q, k, v, attention's
+    output and its output projection per attention, the feed-forward's
+    input products (2F gated, F plain; k experts' for MoE) and its output."""
     c = config
     d, h, n, k = c.hidden_dim, c.resolved_head_dim, c.num_heads, c.resolved_num_kv_heads
-    attention = ((n + 2 * k) * h + d) * (2 if cross else 1)
+    attention = ((2 * n + 2 * k) * h + d) * (2 if cross else 1)
     units = 2 if c.gated_feed_forward else 1
     if moe:
         m = c.moe
@@ -415,8 +419,8 @@ def estimate_memory(
     flops = training_flops_per_token(config, sequence_length)
     # Remat runs the blocks' forward pass again: (6N + 12LDT) / 3 without the head.
     recompute = (flops - 6 * _head_params(config)) / 3 if remat else 0.0
-    if remat == "matmuls":  # the attention products only: 12LDT / 3
-        recompute = _attention_flops(config, sequence_length) / 3
+    if remat == "matmuls" and remat_keeps_selectively():
+        recompute = 0.0  # element-wise work only (no products run again)
     return MemoryEstimate(
         parameters=params,
         gradients=params,

@@ -236,7 +236,11 @@ def test_estimate_options_move_the_right_parts():
     assert estimate_memory(config.replace(remat=True), 4, 64) == remat
     matmuls = estimate_memory(config, 4, 64, remat="matmuls")
     assert remat.activations < matmuls.activations < base.activations
-    assert 0 < matmuls.recompute_flops_per_token < remat.recompute_flops_per_token
+    # Element-wise work only, except on TensorFlow (the whole block again).
+    again = (
+        remat.recompute_flops_per_token if keras.config.backend() == "tensorflow" else 0
+    )
+    assert matmuls.recompute_flops_per_token == again
     # Explicit attention keeps [B, N, T, T] scores: quadratic in T.
     short = estimate_memory(config, 4, 64, fused_attention=False).activations
     long = estimate_memory(config, 4, 256, fused_attention=False).activations
