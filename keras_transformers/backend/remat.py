@@ -12,8 +12,9 @@ what it did not keep.
   sums). JAX: `jax.checkpoint` with the policy
   `dots_with_no_batch_dims_saveable` plus the tensors named `KEPT_NAMES`
   (`checkpoint_name`: blockwise attention's output and log-sum-exp, so
-  that its forward pass is not run again); PyTorch: selective activation checkpointing
-  that saves `mm` / `addmm` / `bmm` and the fused attention's outputs;
+  that its forward pass is not run again); PyTorch: selective activation
+  checkpointing that saves `mm` / `addmm` / `bmm` and the fused attention's
+  outputs;
   TensorFlow has no selective form: the whole function is recomputed, as
   with `keep=None`.
 

@@ -85,7 +85,9 @@ def test_variables_sharded_as_the_layout_says(name):
     assert norms and all(not any(layouts[p]) for p in norms)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mixtral", "qwen3_5", "qwen_moe", "seq2seq"])
+@pytest.mark.parametrize(
+    "name", ["gpt2", "llama", "mixtral", "qwen3_5", "qwen_moe", "seq2seq"]
+)
 def test_generate_on_sharded_model(name):
     single, x, _ = _build(name)
     weights = single.get_weights()
