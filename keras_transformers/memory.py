@@ -25,10 +25,8 @@ from typing import Any
 import keras
 from keras import ops
 
-from keras_transformers.backend.choices import (
-    recompute_reads_variables,
-    remat_keeps_selectively,
-)
+from keras_transformers.backend.choices import recompute_reads_variables
+from keras_transformers.backend.remat import keeps_selectively
 from keras_transformers.backend.remat import remat as backend_remat
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.layer_types import sliding_windows
@@ -419,7 +417,7 @@ def estimate_memory(
     flops = training_flops_per_token(config, sequence_length)
     # Remat runs the blocks' forward pass again: (6N + 12LDT) / 3 without the head.
     recompute = (flops - 6 * _head_params(config)) / 3 if remat else 0.0
-    if remat == "matmuls" and remat_keeps_selectively():
+    if remat == "matmuls" and keeps_selectively():
         recompute = 0.0  # element-wise work only (no products run again)
     return MemoryEstimate(
         parameters=params,

@@ -95,10 +95,3 @@ def recompute_reads_variables() -> bool:
     (TensorFlow's `recompute_grad`): feeding them as inputs as well would
     count their gradients twice."""
     return keras.config.backend() == "tensorflow"
-
-
-def remat_keeps_selectively() -> bool:
-    """Whether `remat="matmuls"` keeps the weight products' and attention's
-    outputs (JAX's checkpoint policies, PyTorch's selective checkpointing);
-    TensorFlow's `recompute_grad` recomputes the whole block."""
-    return keras.config.backend() != "tensorflow"

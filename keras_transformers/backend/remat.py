@@ -47,12 +47,19 @@ def checkpoint_name(x, name):
     return jax_name(x, name)
 
 
+def keeps_selectively() -> bool:
+    """Whether `keep="matmuls"` keeps what it names (JAX's checkpoint
+    policies, PyTorch's selective checkpointing); TensorFlow's
+    `recompute_grad` recomputes the whole function."""
+    return keras.config.backend() != "tensorflow"
+
+
 def remat(function, keep=None):
     """`function` rematerialised, keeping `keep` (see the module docstring)."""
     if keep not in KEEPS:
         raise ValueError(f"`keep` must be one of {KEEPS}. Received: keep={keep!r}")
     name = keras.config.backend()
-    if keep is None or name == "tensorflow":
+    if keep is None or not keeps_selectively():
         return keras.remat(function)
     if name == "jax":
         import jax
