@@ -3,7 +3,8 @@
 the same row decoded alone, for rotary and learned positions, GQA, sliding
 windows (ring caches shorter than the buffer), sparse MoE and linear
 attention; a step of the first rows of a bigger cache (a server's busy
-rows) decodes them alike and leaves the other rows as they were; the
+rows) decodes them alike and leaves the other rows as they were, also when
+it attends to the first positions only (`row_cache.attending_to`); the
 errors name the fix."""
 
 import keras
@@ -13,6 +14,7 @@ from contracts import assert_close, to_numpy
 from test_gated_deltanet import _config as linear_attention_config
 
 from keras_transformers import from_preset
+from keras_transformers.layers import row_cache
 from keras_transformers.models import GPTBackbone, GPTCausalLM
 
 BUFFER = 12
@@ -53,10 +55,37 @@ def test_the_first_rows_of_a_bigger_cache_decode_as_alone(name):
     _decode_rows_as_alone(MODELS[name](), spare_rows=2)
 
 
-def _decode_rows_as_alone(lm, spare_rows):
+@pytest.mark.parametrize("name", ["llama", "sliding"])
+def test_rows_attending_to_their_first_positions_decode_as_alone(name):
+    _decode_rows_as_alone(MODELS[name](), spare_rows=2, span=SPAN)
+
+
+SPAN = 10  # the longest row's positions: 7 prompt tokens and 3 steps
+
+
+def test_a_span_gives_the_first_positions_of_the_rows_and_leaves_the_rest():
+    rng = np.random.default_rng(1)
+    cache = tuple(
+        rng.standard_normal((4, BUFFER, 2, 3)).astype("float32") for _ in "kv"
+    )
+    new = [rng.standard_normal((2, 1, 2, 3)).astype("float32") for _ in "kv"]
+    index = keras.ops.convert_to_tensor(np.array([4, 1], "int32"))
+    whole = row_cache.update(cache, *new, index, None)
+    with row_cache.attending_to(6):
+        keys, values, written, visible = row_cache.update(cache, *new, index, None)
+    assert tuple(keys.shape) == (2, 6, 2, 3) and tuple(visible.shape) == (2, 6)
+    assert_close(to_numpy(keys), to_numpy(whole[0])[:2, :6], atol=0)
+    assert_close(to_numpy(values), to_numpy(whole[1])[:2, :6], atol=0)
+    np.testing.assert_array_equal(to_numpy(visible), to_numpy(whole[3])[:, :6])
+    for got, want in zip(written, whole[2]):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+
+
+def _decode_rows_as_alone(lm, spare_rows, span=None):
     """Decodes `PROMPTS`' rows together, at their own positions, in a cache
     with `spare_rows` more rows after them (filled with noise, which the
-    steps must leave as it is)."""
+    steps must leave as it is), attending to the first `span` positions
+    (None: all)."""
     rng = np.random.default_rng(0)
     vocabulary = lm.backbone.config.vocabulary_size
     steps = rng.integers(1, vocabulary, (3, len(PROMPTS)))  # fed tokens
@@ -79,7 +108,10 @@ def _decode_rows_as_alone(lm, spare_rows):
     for k in range(len(steps)):
         index = np.array([len(p) + k for p in PROMPTS], "int32")
         ids = steps[k][:, None].astype("int32")
-        out, cache = lm.call_with_cache(ids, cache, keras.ops.convert_to_tensor(index))
+        with row_cache.attending_to(span):
+            out, cache = lm.call_with_cache(
+                ids, cache, keras.ops.convert_to_tensor(index)
+            )
         assert to_numpy(out).shape[0] == len(PROMPTS)
         for row in range(len(PROMPTS)):
             assert_close(to_numpy(out)[row, 0], alone[row][k], atol=1e-5)

@@ -13,6 +13,7 @@ import pytest
 from keras_transformers import from_preset
 from keras_transformers.serving import Engine, Request, TextStream
 from keras_transformers.serving.engine import BUCKET
+from keras_transformers.serving.programs import SPAN
 
 TOKENS = 6
 
@@ -81,6 +82,27 @@ def test_requests_joining_a_running_batch_reply_as_generate(sliding):
     for request, prompt in zip(requests, prompts):
         assert request.tokens == _expected(lm, prompt)
         assert request.finish_reason == "length"
+
+
+def test_steps_attend_to_the_positions_of_the_busy_rows_only():
+    """A step attends to the positions up to its longest row's (a power of
+    two where the step compiles), not to the whole cache."""
+    lm = _lm()
+    prompts = [[5, 9, 2], list(range(1, 71))]  # rows reach 8 and 75 positions
+    engine = Engine(lm, slots=2, max_length=128)
+    spans, decode = [], engine._programs.decode
+    engine._programs.decode = lambda greedy, span: (
+        spans.append(span) or decode(greedy, span)
+    )
+    try:
+        requests = _run(engine, prompts[:1])
+        short, spans[:] = list(spans), []
+        requests += _run(engine, prompts[1:])
+    finally:
+        engine.close()
+    assert 8 <= max(short) <= SPAN < 75 <= max(spans) <= 2 * SPAN
+    for request, prompt in zip(requests, prompts):
+        assert request.tokens == _expected(lm, prompt)
 
 
 def test_a_recurrent_model_takes_its_rows_out_and_back():

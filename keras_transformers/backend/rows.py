@@ -52,23 +52,31 @@ def update_cache_rows(cache, update, index):
     return keras.ops.scatter_update(cache, keras.ops.stack([rows, index], -1), update)
 
 
-def leading_rows(cache, rows: int, index):
-    """The first `rows` rows of `cache [B, ...]` just written by a decoding
-    step (`update_cache_rows` at the `[rows]` positions `index`, never
-    negative): the keys or values that step attends to. On JAX a gather of
-    those rows by ids XLA cannot fold into a static slice: XLA:CPU fuses
+def leading_rows(cache, rows: int, index, span=None):
+    """The first `rows` rows of `cache [B, L, ...]` just written by a
+    decoding step (`update_cache_rows` at the `[rows]` positions `index`,
+    never negative), and of those their first `span` positions (None: all
+    `L`): the keys or values that step attends to, `[rows, span, ...]`. On
+    JAX a gather by ids XLA cannot fold into a static slice: XLA:CPU fuses
     such a slice, with the step's write, into the consumer's fusion and
     then copies the whole cache to keep the write in place (4 copies per
     layer: with attention by reduction, `one_query_by_reduction`, a 1-row
     step of SmolLM2-135M on 8 rows of 256 positions took 52 ms instead of
     35). Elsewhere a slice (a view on PyTorch)."""
-    if rows == cache.shape[0]:
+    span = None if span is None or span >= cache.shape[1] else span
+    if rows == cache.shape[0] and span is None:
         return cache
     if keras.config.backend() != "jax":
-        return cache[:rows]
+        return cache[:rows, :span]
     offset = keras.ops.minimum(keras.ops.min(keras.ops.cast(index, "int32")), 0)
     ids = keras.ops.arange(rows, dtype="int32") + offset  # 0 .. rows - 1
-    return keras.ops.take(cache, ids, axis=0)
+    if span is None:
+        return keras.ops.take(cache, ids, axis=0)
+    length, tail = cache.shape[1], cache.shape[2:]
+    ids = ids[:, None] * length + keras.ops.arange(span, dtype="int32")[None]
+    flat = keras.ops.reshape(cache, (-1, *tail))  # [B * L, ...]
+    picked = keras.ops.take(flat, keras.ops.reshape(ids, (-1,)), axis=0)
+    return keras.ops.reshape(picked, (rows, span, *tail))
 
 
 def write_row(cache, row, index):

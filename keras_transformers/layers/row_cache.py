@@ -16,16 +16,39 @@ free rows). A server then passes its whole cache to every step, whatever
 the number of busy rows, and each step writes one entry per busy row in
 place instead of taking and putting back their rows (see
 `keras_transformers.serving`).
+
+Rows rarely fill their cache: within `attending_to(span)` such a step
+attends to the first `span` slots only (every row's position below
+`span`), so its cost follows the longest row, not the cache's length (a
+server's steps compile one program per span, see
+`keras_transformers.serving.engine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 from keras import ops
 
 from keras_transformers.backend.rows import leading_rows, update_cache_rows
 from keras_transformers.layers import ring_cache
+
+_SPAN = [None]  # `attending_to`'s span (None: every slot)
+
+
+@contextlib.contextmanager
+def attending_to(span: int | None):
+    """Within: decoding steps with a position per row attend to the first
+    `span` slots of full-length caches (ring caches, which hold a sliding
+    window's last positions anywhere, attend to all of theirs). Every row's
+    position must be below `span`. A compiled step reads it when traced:
+    compile one program per span."""
+    previous, _SPAN[0] = _SPAN[0], span
+    try:
+        yield
+    finally:
+        _SPAN[0] = previous
 
 
 def is_row_index(cache_index) -> bool:
@@ -53,7 +76,8 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
         (the updated cache's first `n` rows, `[n, L, K, H]`), the whole
         updated cache, and `visible` `[n, L]` bool: the slots row `b`'s
         query sees (written, not after its position, within `window` of it
-        when given, and True in `padding_mask` `[n, L]` when given).
+        when given, and True in `padding_mask` `[n, L]` when given). Within
+        `attending_to(span)`, `span` slots instead of `L` (not for a ring).
 
     Raises:
         ValueError: more than one new token per row.
@@ -70,17 +94,19 @@ def update(cache, key, value, cache_index, window, padding_mask=None):
     keys = update_cache_rows(cache[0], key, slot)  # [B, L, K, H]
     values = update_cache_rows(cache[1], value, slot)
     cache, rows = (keys, values), key.shape[0]
-    keys = leading_rows(keys, rows, index)  # [n, L, K, H]
-    values = leading_rows(values, rows, index)
-    slots = ops.arange(length, dtype="int32")[None, :]  # [1, L]
+    span = None if ring or _SPAN[0] is None else min(_SPAN[0], length)
+    keys = leading_rows(keys, rows, index, span)  # [n, S, K, H]
+    values = leading_rows(values, rows, index, span)
+    slots = ops.arange(span or length, dtype="int32")[None, :]  # [1, S]
     last = index[:, None]  # [B, 1]
     held = ring_cache.positions(last, length) if ring else slots  # [B|1, L]
     visible = ops.logical_and(held >= 0, held <= last)
     if ring:
         visible = ops.logical_and(visible, held > last - window)
     if padding_mask is not None:
-        visible = ops.logical_and(visible, ops.cast(padding_mask, "bool"))
+        padding_mask = ops.cast(padding_mask[:, : span or length], "bool")
+        visible = ops.logical_and(visible, padding_mask)
     return keys, values, cache, visible
 
 
-__all__ = ["is_row_index", "row_positions", "update"]
+__all__ = ["attending_to", "is_row_index", "row_positions", "update"]

@@ -10,12 +10,15 @@ each at its own position (a `[B]` `cache_index`, see
 and a step decodes the first `n` of them (`n` a power of two) with the
 whole cache: each attention layer writes one entry per row in place, so a
 step costs what its rows cost, whatever the number of slots (a model with
-recurrent states takes its rows out of the cache and puts them back). A
-finished or cancelled request frees its row at once; the next waiting one
-takes it before the next step. A prompt that begins with a recent one's
+recurrent states takes its rows out of the cache and puts them back), and
+it attends to the positions up to the longest row's only (rounded up to a
+power of two): short replies decode as fast in a 4,096-position cache as
+in a 128-position one. A finished or cancelled request frees its row at
+once; the next waiting one takes it before the next step. A prompt that begins with a recent one's
 tokens prefills only the rest, from a copy of that prompt's row
-(`PrefixStore`). On JAX and TensorFlow the step is one compiled program
-(the cache buffer donated on JAX, so it is updated in place), prefills one
+(`PrefixStore`). On JAX and TensorFlow a step is a compiled program per
+number of rows and span (the cache buffer donated on JAX, so it is
+updated in place), prefills one
 program per prompt bucket (`warm_up` compiles them before serving);
 PyTorch runs them eagerly without autograd, writing the cache in place
 (`programs.build`).
@@ -28,6 +31,7 @@ its `on_event` callback, called on the engine's thread.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import traceback
 from collections.abc import Callable
@@ -86,11 +90,12 @@ class Engine:
         max_length: positions per row: prompt plus reply at most (default:
             the model's `max_sequence_length`, at most 4,096).
         warm_up: compile the programs before serving (JAX and TensorFlow):
-            a decoding step for every number of rows a step can take
-            (greedy and sampled), the prefill of prompts up to
-            `prefill.WARM_PROMPT` tokens and of prompt ends after a kept
-            beginning (`prefill.WARM_CHUNK`); otherwise each compiles the first time it is
-            needed, and the running requests wait for it (seconds).
+            a decoding step for every number of rows and span (up to
+            `programs.WARM_SPAN` positions) a step can take (greedy and
+            sampled), the prefill of prompts up to `prefill.WARM_PROMPT`
+            tokens and of prompt ends after a kept beginning
+            (`prefill.WARM_CHUNK`); otherwise each compiles the first time
+            it is needed, and the running requests wait for it (seconds).
         prefix_memory: MiB for the cache rows of recent prompts (0: none
             kept): a prompt that begins with a kept one's tokens prefills
             only the rest, from a copy of its row. Only models whose
@@ -292,14 +297,13 @@ class Engine:
         """Runs every program once (see `warm_up`), on free rows."""
         run = self._programs
         steps = sorted({_rows_for(n, self.slots) for n in range(1, self.slots + 1)})
-        for rows in steps:
+        spans = programs.warm_spans(self.max_length)
+        for rows, span, greedy in itertools.product(steps, spans, (True, False)):
             tokens = ops.convert_to_tensor(np.zeros((rows, 1), "int32"))
             index = ops.convert_to_tensor(np.zeros(rows, "int32"))
-            for decode in (run.greedy, run.sampled):
-                out, self._cache = decode(
-                    tokens, self._cache, index, self._row_ids(rows)
-                )
-                ops.convert_to_numpy(out)
+            decode = run.decode(greedy, span)
+            out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
+            ops.convert_to_numpy(out)
         self._prefill.warm_up([n for n in steps if n > 1])
         row = self.model.backbone.init_cache(1, self.max_length)
         self._cache = run.insert(self._cache, row, _scalar(0))
@@ -319,8 +323,8 @@ class Engine:
         tokens = ops.convert_to_tensor(self._feed[:rows, None])
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
-        run = self._programs
-        decode = run.greedy if greedy else run.sampled
+        span = programs.span_for(self._index[:busy].max() + 1, self.max_length)
+        decode = self._programs.decode(greedy, span)
         out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
         out = np.asarray(ops.convert_to_numpy(out))
         for slot in range(busy):

@@ -1,6 +1,8 @@
 """The serving `Engine`'s model programs, compiled once per shape where the
 backend compiles (see `backend.compile_function`): a decoding step of the
-first `n` rows of the batch's cache (greedy or returning logits), the
+first `n` rows of the batch's cache attending to their first `span`
+positions (greedy or returning logits; one program per span, see
+`row_cache.attending_to`), the
 prefill of a prompt into a cache of one row, the prefill of the
 remaining tokens of `k` prompts after a beginning other prompts left in
 rows (`extend`, all from one position), and the row copies (`insert`,
@@ -16,14 +18,35 @@ from keras import ops
 from keras_transformers import backend
 from keras_transformers.backend.choices import vocabulary_first_head
 from keras_transformers.backend.rows import copy_row, put_rows, take_rows, write_row
+from keras_transformers.layers import row_cache
+
+SPAN = 64  # the fewest positions a compiled step attends to
+WARM_SPAN = 512  # `Engine(warm_up=True)` compiles the steps up to this span
+
+
+def span_for(filled: int, length: int) -> int:
+    """Positions a step attends to when its rows hold `filled` at most:
+    exactly those where PyTorch runs the step eagerly, else the next power
+    of two from `SPAN` (a few programs serve every length), at most the
+    cache's `length`."""
+    if backend.eager_loops():
+        return int(filled)
+    return min(max(1 << (int(filled) - 1).bit_length(), SPAN), length)
+
+
+def warm_spans(length: int) -> list:
+    """The spans `Engine(warm_up=True)` compiles for caches of `length`:
+    up to `WARM_SPAN` (longer ones compile when a row first reaches them,
+    seconds once each)."""
+    top = span_for(min(length, WARM_SPAN), length)
+    return sorted({span_for(n, length) for n in range(1, top + 1)})
 
 
 @dataclass
 class Programs:
     """Callables of tensors (see `build`)."""
 
-    greedy: object  # (tokens [n, 1], cache, index [n], rows) -> (ids [n], cache)
-    sampled: object  # (tokens [n, 1], cache, index [n], rows) -> ([n, V], cache)
+    decode: object  # (greedy, span) -> a step (see `build`)
     prefill: object  # (ids [1, P], last) -> (logits [1, V], row cache)
     extend: object  # (k rows, ids [k, T], start, last [k]) -> ([k, V], k rows)
     insert: object  # (cache, row cache, slot) -> cache
@@ -32,7 +55,10 @@ class Programs:
 
 def build(model, length: int) -> Programs:
     """`model`'s serving programs for caches of `length` positions (the
-    batch's cache is donated on JAX: updated in place)."""
+    batch's cache is donated on JAX: updated in place). `decode(greedy,
+    span)` gives the step (compiled when first asked for): `(tokens [n, 1],
+    cache, index [n], rows) -> (ids [n] or logits [n, V], cache)`, every
+    row's position `index` below `span`."""
     policy = model.dtype_policy
     direct = policy.compute_dtype == policy.variable_dtype
     backbone = model.backbone
@@ -53,11 +79,17 @@ def build(model, length: int) -> Programs:
         logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
         return (ops.argmax(logits, -1) if greedy else logits), cache
 
-    def greedy(tokens, cache, index, rows):  # -> next ids [n]
-        return decode(tokens, cache, index, rows, True)
+    variables, compile_, steps = model.variables, backend.compile_function, {}
 
-    def sampled(tokens, cache, index, rows):  # -> logits [n, V]
-        return decode(tokens, cache, index, rows, False)
+    def decoder(greedy: bool, span: int):
+        if (greedy, span) not in steps:
+
+            def step(tokens, cache, index, rows):
+                with row_cache.attending_to(span):
+                    return decode(tokens, cache, index, rows, greedy)
+
+            steps[greedy, span] = compile_(step, variables, direct, donate=(1,))
+        return steps[greedy, span]
 
     def last_logits(hidden, last):  # [k, T, D], [k] (or a scalar) -> [k, V]
         last = ops.reshape(last, (-1, 1, 1))
@@ -92,10 +124,8 @@ def build(model, length: int) -> Programs:
     def move(cache, source, target):
         return keras.tree.map_structure(lambda c: copy_row(c, source, target), cache)
 
-    variables, compile_ = model.variables, backend.compile_function
     return Programs(
-        greedy=compile_(greedy, variables, direct, donate=(1,)),
-        sampled=compile_(sampled, variables, direct, donate=(1,)),
+        decode=decoder,
         prefill=compile_(prefill, variables, direct),
         extend=compile_(extend, variables, direct),
         insert=compile_(insert, [], direct, donate=(0,)),
