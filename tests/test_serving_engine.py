@@ -91,9 +91,7 @@ def test_steps_attend_to_the_positions_of_the_busy_rows_only():
     prompts = [[5, 9, 2], list(range(1, 71))]  # rows reach 8 and 75 positions
     engine = Engine(lm, slots=2, max_length=128)
     spans, decode = [], engine._programs.decode
-    engine._programs.decode = lambda greedy, span: (
-        spans.append(span) or decode(greedy, span)
-    )
+    engine._programs.decode = lambda span: spans.append(span) or decode(span)
     try:
         requests = _run(engine, prompts[:1])
         short, spans[:] = list(spans), []

@@ -91,8 +91,7 @@ class Engine:
             the model's `max_sequence_length`, at most 4,096).
         warm_up: compile the programs before serving (JAX and TensorFlow):
             a decoding step for every number of rows and span (up to
-            `programs.WARM_SPAN` positions) a step can take (greedy and
-            sampled), the prefill of prompts up to `prefill.WARM_PROMPT`
+            `programs.WARM_SPAN` positions) a step can take, the prefill of prompts up to `prefill.WARM_PROMPT`
             tokens and of prompt ends after a kept beginning
             (`prefill.WARM_CHUNK`); otherwise each compiles the first time
             it is needed, and the running requests wait for it (seconds).
@@ -298,12 +297,14 @@ class Engine:
         run = self._programs
         steps = sorted({_rows_for(n, self.slots) for n in range(1, self.slots + 1)})
         spans = programs.warm_spans(self.max_length)
-        for rows, span, greedy in itertools.product(steps, spans, (True, False)):
+        for rows, span in itertools.product(steps, spans):
             tokens = ops.convert_to_tensor(np.zeros((rows, 1), "int32"))
             index = ops.convert_to_tensor(np.zeros(rows, "int32"))
-            decode = run.decode(greedy, span)
-            out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
-            ops.convert_to_numpy(out)
+            decode = run.decode(span)
+            ids, _, self._cache = decode(
+                tokens, self._cache, index, self._row_ids(rows)
+            )
+            ops.convert_to_numpy(ids)
         self._prefill.warm_up([n for n in steps if n > 1])
         row = self.model.backbone.init_cache(1, self.max_length)
         self._cache = run.insert(self._cache, row, _scalar(0))
@@ -324,9 +325,11 @@ class Engine:
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
         span = programs.span_for(self._index[:busy].max() + 1, self.max_length)
-        decode = self._programs.decode(greedy, span)
-        out, self._cache = decode(tokens, self._cache, index, self._row_ids(rows))
-        out = np.asarray(ops.convert_to_numpy(out))
+        decode = self._programs.decode(span)
+        ids, logits, self._cache = decode(
+            tokens, self._cache, index, self._row_ids(rows)
+        )
+        out = np.asarray(ops.convert_to_numpy(ids if greedy else logits))
         for slot in range(busy):
             self._index[slot] += 1
             if self._pending[slot]:

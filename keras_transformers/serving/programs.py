@@ -1,7 +1,7 @@
 """The serving `Engine`'s model programs, compiled once per shape where the
 backend compiles (see `backend.compile_function`): a decoding step of the
 first `n` rows of the batch's cache attending to their first `span`
-positions (greedy or returning logits; one program per span, see
+positions (the greedy choices and the logits; one program per span, see
 `row_cache.attending_to`), the
 prefill of a prompt into a cache of one row, the prefill of the
 remaining tokens of `k` prompts after a beginning other prompts left in
@@ -46,7 +46,7 @@ def warm_spans(length: int) -> list:
 class Programs:
     """Callables of tensors (see `build`)."""
 
-    decode: object  # (greedy, span) -> a step (see `build`)
+    decode: object  # span -> a step (see `build`)
     prefill: object  # (ids [1, P], last) -> (logits [1, V], row cache)
     extend: object  # (k rows, ids [k, T], start, last [k]) -> ([k, V], k rows)
     insert: object  # (cache, row cache, slot) -> cache
@@ -55,19 +55,20 @@ class Programs:
 
 def build(model, length: int) -> Programs:
     """`model`'s serving programs for caches of `length` positions (the
-    batch's cache is donated on JAX: updated in place). `decode(greedy,
-    span)` gives the step (compiled when first asked for): `(tokens [n, 1],
-    cache, index [n], rows) -> (ids [n] or logits [n, V], cache)`, every
-    row's position `index` below `span`."""
+    batch's cache is donated on JAX: updated in place). `decode(span)`
+    gives the step (compiled when first asked for): `(tokens [n, 1],
+    cache, index [n], rows) -> (greedy ids [n], logits [n, V], cache)`,
+    every row's position `index` below `span`."""
     policy = model.dtype_policy
     direct = policy.compute_dtype == policy.variable_dtype
     backbone = model.backbone
 
-    def decode(tokens, cache, index, rows, greedy):  # [n, 1], [n], rows
-        if rows is None and greedy and vocabulary_first_head(tokens.shape[0]):
+    def decode(tokens, cache, index, rows):  # [n, 1], [n], rows
+        if rows is None and vocabulary_first_head(tokens.shape[0]):
             hidden, cache = backbone(tokens, cache=cache, cache_index=index)
             logits = backbone.logits(hidden[:, 0], vocabulary_first=True)
-            return _first_max(ops.cast(logits, "float32")), cache  # [V, n]
+            logits = ops.cast(logits, "float32")  # [V, n]
+            return _first_max(logits), ops.transpose(logits), cache
         if rows is None:  # the whole cache; its first n rows decode in place
             logits, cache = model.call_with_cache(tokens, cache, index)
         else:
@@ -77,19 +78,19 @@ def build(model, length: int) -> Programs:
                 lambda c, p: put_rows(c, p, rows), cache, part
             )
         logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
-        return (ops.argmax(logits, -1) if greedy else logits), cache
+        return ops.argmax(logits, -1), logits, cache
 
     variables, compile_, steps = model.variables, backend.compile_function, {}
 
-    def decoder(greedy: bool, span: int):
-        if (greedy, span) not in steps:
+    def decoder(span: int):
+        if span not in steps:
 
             def step(tokens, cache, index, rows):
                 with row_cache.attending_to(span):
-                    return decode(tokens, cache, index, rows, greedy)
+                    return decode(tokens, cache, index, rows)
 
-            steps[greedy, span] = compile_(step, variables, direct, donate=(1,))
-        return steps[greedy, span]
+            steps[span] = compile_(step, variables, direct, donate=(1,))
+        return steps[span]
 
     def last_logits(hidden, last):  # [k, T, D], [k] (or a scalar) -> [k, V]
         last = ops.reshape(last, (-1, 1, 1))
