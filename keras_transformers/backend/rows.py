@@ -80,14 +80,15 @@ def leading_rows(cache, rows: int, index, span=None):
 
 
 def write_row(cache, row, index):
-    """`cache [B, ...]` with row `index` (an int or a scalar int tensor)
-    replaced by `row [1, ...]`: PyTorch without autograd writes in place,
-    elsewhere `keras.ops.slice_update`."""
+    """`cache [B, L, ...]` with row `index` (an int or a scalar int tensor)
+    replaced by `row [1, R, ...]` (`R <= L`: its first `R` positions):
+    PyTorch without autograd writes in place, elsewhere
+    `keras.ops.slice_update`."""
     if keras.config.backend() == "torch":
         import torch
 
         if not torch.is_grad_enabled():
-            cache[int(index)] = row[0].to(cache.dtype)
+            cache[int(index), : row.shape[1]] = row[0].to(cache.dtype)
             return cache
     starts = (index,) + (0,) * (len(cache.shape) - 1)
     return keras.ops.slice_update(cache, starts, keras.ops.cast(row, cache.dtype))
@@ -109,11 +110,11 @@ def write_leading_rows(cache, part):
     return keras.ops.slice_update(cache, starts, keras.ops.cast(part, cache.dtype))
 
 
-def copy_row(cache, source, target):
-    """`cache [B, ...]` with row `target` replaced by row `source` (ints or
-    scalar int tensors)."""
+def copy_row(cache, source, target, span=None):
+    """`cache [B, L, ...]` with row `target` replaced by row `source` (ints
+    or scalar int tensors), or only its first `span` positions."""
     row = keras.ops.take(cache, keras.ops.reshape(source, (1,)), axis=0)
-    return write_row(cache, row, target)
+    return write_row(cache, row if span is None else row[:, :span], target)
 
 
 def take_rows(cache, rows):

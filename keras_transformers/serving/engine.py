@@ -305,10 +305,11 @@ class Engine:
                 tokens, self._cache, index, self._row_ids(rows)
             )
             ops.convert_to_numpy(ids)
-        self._prefill.warm_up([n for n in steps if n > 1])
-        row = self.model.backbone.init_cache(1, self.max_length)
-        self._cache = run.insert(self._cache, row, _scalar(0))
-        self._cache = run.move(self._cache, _scalar(0), _scalar(0))
+        made = self._prefill.warm_up([n for n in steps if n > 1])
+        for row in [*made, self.model.backbone.init_cache(1, self.max_length)]:
+            self._cache = run.insert(self._cache, row, _scalar(0))
+        for span in [*spans, None] if self._prefill.short else [None]:
+            self._cache = run.move(span)(self._cache, _scalar(0), _scalar(0))
 
     def _step(self):
         """One decoding step of the busy rows: moved to the front first, then
@@ -360,9 +361,11 @@ class Engine:
         busy = [s for s, r in enumerate(self._rows) if r is not None]
         while free and busy and free[0] < busy[-1]:
             target, source = free.pop(0), busy.pop()
-            self._cache = self._programs.move(
-                self._cache, _scalar(source), _scalar(target)
-            )
+            span = None  # the positions the row holds, or all
+            if self._prefill.short:
+                span = programs.span_for(self._index[source] + 1, self.max_length)
+            move = self._programs.move(span)
+            self._cache = move(self._cache, _scalar(source), _scalar(target))
             for state in (self._rows, self._texts, self._rngs, self._pending):
                 state[target], state[source] = state[source], None
             self._pending[source] = []

@@ -7,12 +7,15 @@ for all of them)."""
 
 from __future__ import annotations
 
+import itertools
+
+import keras
 import numpy as np
 from keras import ops
 
 from keras_transformers import backend
-from keras_transformers.config.layer_types import recurrent, sliding_windows
 from keras_transformers.generation.generate import BUCKET
+from keras_transformers.serving import programs
 from keras_transformers.serving.prefixes import PrefixStore
 
 CHUNK = 16  # a prompt's tokens after a kept beginning, padded to a multiple
@@ -33,10 +36,10 @@ class Prefiller:
     """
 
     def __init__(self, model, run, max_length, slots, cache, prefix_memory):
-        config = model.config
-        plain = not any(sliding_windows(config)) and not recurrent(config)
+        self.short = programs.short_rows(model.config)
         self.run, self.max_length, self.slots = run, max_length, slots
-        self.store = PrefixStore.within(prefix_memory if plain else 0, cache, slots)
+        memory = prefix_memory if self.short else 0
+        self.store = PrefixStore.within(memory, cache, slots)
         self.reused = 0  # prompt tokens taken from kept rows
 
     def one(self, prompt: list, prefix: int):
@@ -84,29 +87,45 @@ class Prefiller:
             self.store.add(prompt, row)
         return list(zip(logits, rows))[: len(prompts)]
 
-    def warm_up(self, rows: list) -> None:
+    def warm_up(self, rows: list) -> list:
         """Compiles the prefills (see `Engine`'s `warm_up`); `rows`: the
-        numbers of prompts `many` may take together."""
-        row = None
+        numbers of prompts `many` may take together. Returns a row of each
+        length they give (for the engine's `insert`)."""
+        made = {}
         for size in range(BUCKET, min(WARM_PROMPT, self.max_length) + 1, BUCKET):
             logits, row = self.run.prefill(_tensor([[0] * size]), _tensor(size - 1))
             ops.convert_to_numpy(logits)
-        if row is None or not self.store.capacity:
-            return
-        for count in [1, *rows]:
+            made[_length(row)] = row
+        if not made or not self.store.capacity:
+            return list(made.values())
+        spans = [s for s in programs.warm_spans(self.max_length) if s <= WARM_PROMPT]
+        for count, top in itertools.product([1, *rows], spans):
             limit = WARM_CHUNK if count == 1 else WARM_MANY
             for size in range(CHUNK, min(limit, self.max_length) + 1, CHUNK):
-                logits, _ = self._extend([[0] * size] * count, [row] * count, 0, size)
+                start = max(0, top - size)  # rows made `top` long
+                prompts = [[0] * (start + size)] * count
+                logits, _ = self._extend(prompts, [row] * count, start, size)
                 ops.convert_to_numpy(logits)
+        return list(made.values())
 
     def _chunk(self, size: int) -> int:
         """Positions prefilled for `size` tokens after a kept beginning."""
         return size if backend.eager_loops() else -(-size // CHUNK) * CHUNK
 
     def _extend(self, prompts, rows, start: int, chunk: int):
+        """Prefills the prompts' tokens from `start` (`chunk` positions) after
+        the kept `rows`, made as long as `start + chunk` needs first."""
+        if self.short:
+            size = programs.span_for(start + chunk, self.max_length)
+            rows = [programs.resize(row, size) for row in rows]
         ids = [p[start:] + [0] * (chunk - len(p) + start) for p in prompts]
         last = [len(p) - start - 1 for p in prompts]
         return self.run.extend(tuple(rows), _tensor(ids), _tensor(start), _tensor(last))
+
+
+def _length(row) -> int:
+    """Positions a row cache holds."""
+    return keras.tree.flatten(row)[0].shape[1]
 
 
 def _tensor(values):

@@ -18,6 +18,7 @@ from keras import ops
 from keras_transformers import backend
 from keras_transformers.backend.choices import vocabulary_first_head
 from keras_transformers.backend.rows import copy_row, put_rows, take_rows, write_row
+from keras_transformers.config.layer_types import recurrent, sliding_windows
 from keras_transformers.layers import row_cache
 
 SPAN = 64  # the fewest positions a compiled step attends to
@@ -32,6 +33,28 @@ def span_for(filled: int, length: int) -> int:
     if backend.eager_loops():
         return int(filled)
     return min(max(1 << (int(filled) - 1).bit_length(), SPAN), length)
+
+
+def short_rows(config) -> bool:
+    """Whether a prefilled row holds only its prompt's span of positions
+    (`span_for`), written into the batch's row as such, rather than the
+    whole `max_length`: models whose layers all cache plain attention (a
+    sliding window's ring cache and a recurrent state have one layout
+    whatever the row holds)."""
+    return not any(sliding_windows(config)) and not recurrent(config)
+
+
+def resize(row, size: int):
+    """`row` (a cache of one row, see `short_rows`) holding `size`
+    positions: its first ones, or zeros after its own."""
+
+    def one(c):
+        if c.shape[1] >= size:
+            return c[:, :size]
+        pad = [[0, 0], [0, size - c.shape[1]]] + [[0, 0]] * (len(c.shape) - 2)
+        return ops.pad(c, pad)
+
+    return keras.tree.map_structure(one, row)
 
 
 def warm_spans(length: int) -> list:
@@ -49,8 +72,8 @@ class Programs:
     decode: object  # span -> a step (see `build`)
     prefill: object  # (ids [1, P], last) -> (logits [1, V], row cache)
     extend: object  # (k rows, ids [k, T], start, last [k]) -> ([k, V], k rows)
-    insert: object  # (cache, row cache, slot) -> cache
-    move: object  # (cache, source, target) -> cache
+    insert: object  # (cache, row cache, slot) -> cache (a row's positions)
+    move: object  # span -> (cache, source, target) -> cache (see `build`)
 
 
 def build(model, length: int) -> Programs:
@@ -58,7 +81,9 @@ def build(model, length: int) -> Programs:
     batch's cache is donated on JAX: updated in place). `decode(span)`
     gives the step (compiled when first asked for): `(tokens [n, 1],
     cache, index [n], rows) -> (greedy ids [n], logits [n, V], cache)`,
-    every row's position `index` below `span`."""
+    every row's position `index` below `span`. `move(span)` gives the copy
+    of a row's first `span` positions (None: all; only with `short_rows`)
+    into another row."""
     policy = model.dtype_policy
     direct = policy.compute_dtype == policy.variable_dtype
     backbone = model.backbone
@@ -97,8 +122,11 @@ def build(model, length: int) -> Programs:
         hidden = ops.take_along_axis(hidden, last, axis=1)
         return ops.cast(backbone.logits(hidden)[:, 0, :], "float32")
 
+    short = short_rows(model.config)
+
     def prefill(token_ids, last):  # [1, P], scalar -> [1, V], row cache
-        cache = backbone.init_cache(1, length)
+        size = span_for(token_ids.shape[1], length) if short else length
+        cache = backbone.init_cache(1, size)
         hidden, cache = backbone(token_ids, cache=cache, cache_index=0)
         return last_logits(hidden, last), cache
 
@@ -122,15 +150,24 @@ def build(model, length: int) -> Programs:
     def insert(cache, row, slot):
         return keras.tree.map_structure(lambda c, r: write_row(c, r, slot), cache, row)
 
-    def move(cache, source, target):
-        return keras.tree.map_structure(lambda c: copy_row(c, source, target), cache)
+    moves = {}
+
+    def mover(span):
+        if span not in moves:
+
+            def move(cache, source, target):
+                copy = lambda c: copy_row(c, source, target, span)  # noqa: E731
+                return keras.tree.map_structure(copy, cache)
+
+            moves[span] = compile_(move, [], direct, donate=(0,))
+        return moves[span]
 
     return Programs(
         decode=decoder,
         prefill=compile_(prefill, variables, direct),
         extend=compile_(extend, variables, direct),
         insert=compile_(insert, [], direct, donate=(0,)),
-        move=compile_(move, [], direct, donate=(0,)),
+        move=mover,
     )
 
 
