@@ -102,10 +102,20 @@ def test_prefix_store_finds_the_longest_beginning_and_drops_the_oldest():
 
 
 def test_prefix_store_holds_what_its_memory_allows():
-    cache = ((keras.ops.zeros((4, 64, 2, 8)), keras.ops.zeros((4, 64, 2, 8))),)
-    row = 2 * 64 * 2 * 8 * 4  # bytes of one row's keys and values
-    assert PrefixStore.within(10 * row / 2**20, cache, 4).capacity == 10
-    assert PrefixStore.within(0, cache, 4).capacity == 0
+    def row(positions):  # one layer's keys and values of one row
+        return ((keras.ops.zeros((1, positions, 2, 8)),) * 2,)
+
+    size = 2 * 64 * 2 * 8 * 4  # bytes of a row of 64 positions
+    store = PrefixStore.within(10 * size / 2**20)
+    for n in range(12):
+        store.add([n], row(64))
+    assert len(store) == 10 and store.held == 10 * size
+    for n in range(20):  # rows of 32 positions: twice as many
+        store.add([100 + n], row(32))
+    assert len(store) == 20 and store.find([0, 1]) == (0, None)
+    store.add([100], row(32))  # again: replaced, not held twice
+    assert len(store) == 20 and store.held == 10 * size
+    assert PrefixStore.within(0).capacity == 0
 
 
 @pytest.mark.skipif(

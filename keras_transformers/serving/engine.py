@@ -156,7 +156,6 @@ class Engine:
             self._programs,
             self.max_length,
             self.slots,
-            self._cache,
             prefix_memory,
         )
         if warm_up and not backend.eager_loops():

@@ -30,16 +30,15 @@ class Prefiller:
     Args:
         model: the served causal LM.
         run: its `programs.Programs`.
-        cache: the engine's cache (sizes the kept rows).
         prefix_memory: MiB for kept rows (0: none; none either for models
             with sliding-window or recurrent layers).
     """
 
-    def __init__(self, model, run, max_length, slots, cache, prefix_memory):
+    def __init__(self, model, run, max_length, slots, prefix_memory):
         self.short = programs.short_rows(model.config)
         self.run, self.max_length, self.slots = run, max_length, slots
         memory = prefix_memory if self.short else 0
-        self.store = PrefixStore.within(memory, cache, slots)
+        self.store = PrefixStore.within(memory)
         self.reused = 0  # prompt tokens taken from kept rows
 
     def one(self, prompt: list, prefix: int):

@@ -12,27 +12,26 @@ import numpy as np
 
 
 class PrefixStore:
-    """The last `capacity` prompts prefilled and their one-row caches
-    (least recently used dropped first). A row holds its prompt's keys and
-    values at positions `[0, len(prompt))`.
+    """The last prompts prefilled and their one-row caches, as many as
+    `capacity` holds (least recently used dropped first). A row holds its
+    prompt's keys and values at positions `[0, len(prompt))`.
 
     Args:
-        capacity: rows kept (0: none).
+        capacity: what the kept rows may take together, in units of
+            `measure` (0: none kept).
+        measure: a row's size (default 1: `capacity` counts rows).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, measure=lambda row: 1):
         self.capacity = max(0, int(capacity))
+        self.measure = measure
+        self.held = 0  # the kept rows' sizes together
         self._rows: collections.OrderedDict = collections.OrderedDict()
 
     @classmethod
-    def within(cls, mib: float, cache, slots: int) -> PrefixStore:
-        """A store of as many rows of `cache` (`slots` rows) as `mib` MiB hold."""
-        total = 0
-        for c in keras.tree.flatten(cache):
-            dtype = keras.backend.standardize_dtype(c.dtype)
-            size = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
-            total += size * int(np.prod(c.shape))
-        return cls(int(mib * 2**20 * slots // max(1, total)))
+    def within(cls, mib: float) -> PrefixStore:
+        """A store of the rows `mib` MiB hold."""
+        return cls(int(mib * 2**20), measure=_bytes)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -60,7 +59,19 @@ class PrefixStore:
         if not self.capacity:
             return
         key = tuple(int(t) for t in prompt)
+        if key in self._rows:
+            self.held -= self.measure(self._rows.pop(key)[1])
         self._rows[key] = (np.asarray(key, "int64"), row)
-        self._rows.move_to_end(key)
-        while len(self._rows) > self.capacity:
-            self._rows.popitem(last=False)
+        self.held += self.measure(row)
+        while self.held > self.capacity:
+            self.held -= self.measure(self._rows.popitem(last=False)[1][1])
+
+
+def _bytes(row) -> int:
+    """Bytes of a row cache's tensors."""
+    total = 0
+    for c in keras.tree.flatten(row):
+        dtype = keras.backend.standardize_dtype(c.dtype)
+        size = 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
+        total += size * int(np.prod(c.shape))
+    return total
