@@ -3,22 +3,23 @@ batch.
 
 The engine keeps one KV cache of `slots` rows and `max_length` positions
 (`backbone.init_cache`). A request takes a free row: its prompt is
-prefilled on its own (a cache of one row, then written into the batch's
-row), and from then on every decoding step advances all busy rows at once,
-each at its own position (a `[B]` `cache_index`, see
-`keras_transformers.layers.row_cache`). The busy rows are kept at the front
-and a step decodes the first `n` of them (`n` a power of two) with the
-whole cache: each attention layer writes one entry per row in place, so a
-step costs what its rows cost, whatever the number of slots (a model with
-recurrent states takes its rows out of the cache and puts them back), and
-it attends to the positions up to the longest row's only (rounded up to a
-power of two): short replies decode as fast in a 4,096-position cache as
-in a 128-position one. A finished or cancelled request frees its row at
-once; the next waiting one takes it before the next step. A prompt that begins with a recent one's
-tokens prefills only the rest, from a copy of that prompt's row
-(`PrefixStore`). On JAX and TensorFlow a step is a compiled program per
-number of rows and span (the cache buffer donated on JAX, so it is
-updated in place), prefills one
+prefilled on its own (a cache of one row holding the prompt's positions,
+then written into the batch's row, see `programs.short_rows`), and from
+then on every decoding step advances all busy rows at once, each at its
+own position (a `[B]` `cache_index`, see
+`keras_transformers.layers.row_cache`). The busy rows are kept at the
+front and a step decodes the first `n` of them (`n` a power of two) with
+the whole cache: each attention layer writes one entry per row in place,
+so a step costs what its rows cost, whatever the number of slots (a model
+with recurrent states takes its rows out of the cache and puts them
+back), and it attends to the positions up to the longest row's only
+(rounded up to a power of two): short replies decode as fast in a
+4,096-position cache as in a 128-position one. A finished or cancelled
+request frees its row at once; the next waiting one takes it before the
+next step. A prompt that begins with a recent one's tokens prefills only
+the rest, from a copy of that prompt's row (`PrefixStore`). On JAX and
+TensorFlow a step is a compiled program per number of rows and span (the
+cache buffer donated on JAX, so it is updated in place), prefills one
 program per prompt bucket (`warm_up` compiles them before serving);
 PyTorch runs them eagerly without autograd, writing the cache in place
 (`programs.build`).
@@ -91,10 +92,11 @@ class Engine:
             the model's `max_sequence_length`, at most 4,096).
         warm_up: compile the programs before serving (JAX and TensorFlow):
             a decoding step for every number of rows and span (up to
-            `programs.WARM_SPAN` positions) a step can take, the prefill of prompts up to `prefill.WARM_PROMPT`
-            tokens and of prompt ends after a kept beginning
-            (`prefill.WARM_CHUNK`); otherwise each compiles the first time
-            it is needed, and the running requests wait for it (seconds).
+            `programs.WARM_SPAN` positions) a step can take, the prefill
+            of prompts up to `prefill.WARM_PROMPT` tokens and of prompt
+            ends after a kept beginning (`prefill.WARM_CHUNK`); otherwise
+            each compiles the first time it is needed, and the running
+            requests wait for it (seconds).
         prefix_memory: MiB for the cache rows of recent prompts (0: none
             kept): a prompt that begins with a kept one's tokens prefills
             only the rest, from a copy of its row. Only models whose

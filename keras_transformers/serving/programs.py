@@ -10,6 +10,7 @@ rows (`extend`, all from one position), and the row copies (`insert`,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import keras
@@ -105,17 +106,14 @@ def build(model, length: int) -> Programs:
         logits = ops.cast(logits[:, 0, :], "float32")  # [n, V]
         return ops.argmax(logits, -1), logits, cache
 
-    variables, compile_, steps = model.variables, backend.compile_function, {}
+    variables, compile_ = model.variables, backend.compile_function
 
-    def decoder(span: int):
-        if span not in steps:
+    def step(span):
+        def run(tokens, cache, index, rows):
+            with row_cache.attending_to(span):
+                return decode(tokens, cache, index, rows)
 
-            def step(tokens, cache, index, rows):
-                with row_cache.attending_to(span):
-                    return decode(tokens, cache, index, rows)
-
-            steps[span] = compile_(step, variables, direct, donate=(1,))
-        return steps[span]
+        return compile_(run, variables, direct, donate=(1,))
 
     def last_logits(hidden, last):  # [k, T, D], [k] (or a scalar) -> [k, V]
         last = ops.reshape(last, (-1, 1, 1))
@@ -150,24 +148,19 @@ def build(model, length: int) -> Programs:
     def insert(cache, row, slot):
         return keras.tree.map_structure(lambda c, r: write_row(c, r, slot), cache, row)
 
-    moves = {}
+    def move(span):
+        def run(cache, source, target):
+            copy = lambda c: copy_row(c, source, target, span)  # noqa: E731
+            return keras.tree.map_structure(copy, cache)
 
-    def mover(span):
-        if span not in moves:
-
-            def move(cache, source, target):
-                copy = lambda c: copy_row(c, source, target, span)  # noqa: E731
-                return keras.tree.map_structure(copy, cache)
-
-            moves[span] = compile_(move, [], direct, donate=(0,))
-        return moves[span]
+        return compile_(run, [], direct, donate=(0,))
 
     return Programs(
-        decode=decoder,
+        decode=functools.cache(step),
         prefill=compile_(prefill, variables, direct),
         extend=compile_(extend, variables, direct),
         insert=compile_(insert, [], direct, donate=(0,)),
-        move=mover,
+        move=functools.cache(move),
     )
 
 
