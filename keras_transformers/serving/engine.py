@@ -296,7 +296,9 @@ class Engine:
     def _warm_up(self):
         """Runs every program once (see `warm_up`), on free rows."""
         run = self._programs
-        steps = sorted({_rows_for(n, self.slots) for n in range(1, self.slots + 1)})
+        steps = sorted(
+            {programs.rows_for(n, self.slots) for n in range(1, self.slots + 1)}
+        )
         spans = programs.warm_spans(self.max_length)
         for rows, span in itertools.product(steps, spans):
             tokens = ops.convert_to_tensor(np.zeros((rows, 1), "int32"))
@@ -309,7 +311,7 @@ class Engine:
         made = self._prefill.warm_up([n for n in steps if n > 1])
         for row in [*made, self.model.backbone.init_cache(1, self.max_length)]:
             self._cache = run.insert(self._cache, row, _scalar(0))
-        for span in [*spans, None] if self._prefill.short else [None]:
+        for span in spans:
             self._cache = run.move(span)(self._cache, _scalar(0), _scalar(0))
 
     def _step(self):
@@ -322,7 +324,7 @@ class Engine:
         busy = self._compact()
         if not busy:
             return
-        rows = _rows_for(busy, self.slots)
+        rows = programs.rows_for(busy, self.slots)
         tokens = ops.convert_to_tensor(self._feed[:rows, None])
         index = ops.convert_to_tensor(self._index[:rows])
         greedy = all(r.temperature <= 0 for r in self._rows[:busy])
@@ -362,9 +364,7 @@ class Engine:
         busy = [s for s, r in enumerate(self._rows) if r is not None]
         while free and busy and free[0] < busy[-1]:
             target, source = free.pop(0), busy.pop()
-            span = None  # the positions the row holds, or all
-            if self._prefill.short:
-                span = programs.span_for(self._index[source] + 1, self.max_length)
+            span = programs.span_for(self._index[source] + 1, self.max_length)
             move = self._programs.move(span)
             self._cache = move(self._cache, _scalar(source), _scalar(target))
             for state in (self._rows, self._texts, self._rngs, self._pending):
@@ -413,12 +413,6 @@ class Engine:
             self._finished[reason.split(":")[0]] += 1
         if request.on_event is not None:
             request.on_event(text, reason)
-
-
-def _rows_for(busy: int, slots: int) -> int:
-    """Rows a step (or a prefill of prompts together) takes for `busy`:
-    the next power of two, at most `slots`."""
-    return min(1 << (busy - 1).bit_length(), slots)
 
 
 def _scalar(value: int):

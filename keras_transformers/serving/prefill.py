@@ -76,7 +76,7 @@ class Prefiller:
         )
         if chunk >= shortest or start + chunk > self.max_length:
             return None
-        size = min(1 << (len(prompts) - 1).bit_length(), self.slots)  # as steps
+        size = programs.rows_for(len(prompts), self.slots)  # as steps
         padded = prompts + prompts[-1:] * (size - len(prompts))  # whole programs
         rows = [row for _, row in found] + [found[-1][1]] * (size - len(prompts))
         logits, rows = self._extend(padded, rows, start, chunk)

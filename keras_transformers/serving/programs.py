@@ -26,14 +26,24 @@ SPAN = 64  # the fewest positions a compiled step attends to
 WARM_SPAN = 512  # `Engine(warm_up=True)` compiles the steps up to this span
 
 
+def power_of_two(n: int, least: int, most: int) -> int:
+    """The next power of two from `n`, at least `least`, at most `most`:
+    a few compiled shapes serve every size."""
+    return min(max(1 << (int(n) - 1).bit_length(), least), most)
+
+
+def rows_for(busy: int, slots: int) -> int:
+    """Rows a step (or a prefill of prompts together) takes for `busy`."""
+    return power_of_two(busy, 1, slots)
+
+
 def span_for(filled: int, length: int) -> int:
     """Positions a step attends to when its rows hold `filled` at most:
     exactly those where PyTorch runs the step eagerly, else the next power
-    of two from `SPAN` (a few programs serve every length), at most the
-    cache's `length`."""
+    of two from `SPAN`, at most the cache's `length`."""
     if backend.eager_loops():
         return int(filled)
-    return min(max(1 << (int(filled) - 1).bit_length(), SPAN), length)
+    return power_of_two(filled, SPAN, length)
 
 
 def short_rows(config) -> bool:
@@ -83,8 +93,8 @@ def build(model, length: int) -> Programs:
     gives the step (compiled when first asked for): `(tokens [n, 1],
     cache, index [n], rows) -> (greedy ids [n], logits [n, V], cache)`,
     every row's position `index` below `span`. `move(span)` gives the copy
-    of a row's first `span` positions (None: all; only with `short_rows`)
-    into another row."""
+    of a row whose positions are below `span` into another row (its first
+    `span` positions with `short_rows`, else the whole row)."""
     policy = model.dtype_policy
     direct = policy.compute_dtype == policy.variable_dtype
     backbone = model.backbone
@@ -148,19 +158,23 @@ def build(model, length: int) -> Programs:
     def insert(cache, row, slot):
         return keras.tree.map_structure(lambda c, r: write_row(c, r, slot), cache, row)
 
-    def move(span):
+    @functools.cache
+    def mover(span):
         def run(cache, source, target):
             copy = lambda c: copy_row(c, source, target, span)  # noqa: E731
             return keras.tree.map_structure(copy, cache)
 
         return compile_(run, [], direct, donate=(0,))
 
+    def move(span):  # whole rows unless they hold their positions only
+        return mover(span if short else None)
+
     return Programs(
         decode=functools.cache(step),
         prefill=compile_(prefill, variables, direct),
         extend=compile_(extend, variables, direct),
         insert=compile_(insert, [], direct, donate=(0,)),
-        move=functools.cache(move),
+        move=move,
     )
 
 
