@@ -301,6 +301,19 @@ def edited_hf_dir(src, dst, **changes):
     return dst
 
 
+def graph_ancestors(op):
+    """Every op of a TensorFlow graph that `op` depends on, through its
+    inputs and control inputs."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
 def gradients(loss_fn, variables):
     """Gradients of the scalar `loss_fn()` with respect to the Keras
     `variables`, as NumPy arrays, on the current backend."""

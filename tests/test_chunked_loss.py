@@ -6,7 +6,7 @@ tied and untied heads, lengths that are not a multiple of the chunk), and
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, gradients, to_numpy
+from contracts import assert_close, gradients, graph_ancestors, to_numpy
 
 import keras_transformers as kt
 from keras_transformers.training import head_loss
@@ -104,6 +104,41 @@ def test_fit_unchanged_by_chunked_loss(preset, overrides):
     # summation-order differences into whole steps (seen up to 4e-6).
     for got, want in zip(chunked_weights, plain_weights):
         assert_close(got, want, atol=1e-5)
+
+
+def test_chunks_are_computed_one_after_another():
+    """Each chunk's logits wait for the previous chunk's gradients: only one
+    chunk's `[C, V]` tensors exist at a time (TensorFlow's graph loops would
+    otherwise run up to ten iterations at once; JAX's loops and PyTorch run
+    in order)."""
+    if keras.config.backend() != "tensorflow":
+        pytest.skip("JAX's loops and PyTorch's eager loop run in order")
+    import tensorflow as tf
+
+    hidden = keras.Variable(np.ones((8, 4), "float32"))
+    kernel = keras.Variable(np.ones((4, 6), "float32"))
+    labels, weights = tf.zeros((8,), tf.int32), tf.ones((8,))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = chunked_cross_entropy(
+                hidden.value, kernel.value, labels, weights, chunk_size=2
+            )
+        return tape.gradient(loss, [hidden.value, kernel.value])
+
+    graph = step.get_concrete_function().graph
+    (loop,) = [op for op in graph.get_operations() if "While" in op.type]
+    body = graph._get_function(loop.get_attr("body").name).graph
+    # The kernel's gradient, carried from chunk to chunk (starts as zeros).
+    (index,) = [
+        i
+        for i, t in enumerate(loop.inputs)
+        if t.shape.as_list() == [4, 6] and t.op.type in ("Const", "Fill")
+    ]
+    carried = body.inputs[index].op
+    products = [op for op in body.get_operations() if op.type in ("MatMul", "Einsum")]
+    assert products and all(carried in graph_ancestors(op) for op in products)
 
 
 def test_chunked_loss_where_it_pays_and_errors(monkeypatch):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
 
 # Positions per chunk: about 2^23 float32 logits (32 MB) per chunk.
@@ -104,7 +105,9 @@ def _forward(options, hidden, kernel, labels, weights, bias=None):
 
     def chunk(i, carry):
         loss, d_hidden, d_kernel, d_bias = carry
-        h = ops.slice(hidden, (i * size, 0), (size, width))  # [C, D]
+        # One chunk at a time: TensorFlow's loop would otherwise run up to
+        # ten iterations' logits at once (its `parallel_iterations`).
+        h = backend.after(ops.slice(hidden, (i * size, 0), (size, width)), d_kernel)
         y = ops.slice(labels, (i * size,), (size,))
         w = ops.slice(weights, (i * size,), (size,))[:, None]
         logits = ops.cast(ops.einsum(head, h, kernel), "float32")  # [C, V]
