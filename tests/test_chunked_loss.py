@@ -1,4 +1,6 @@
-"""Chunked cross-entropy equals the plain loss and its gradients (ignored
+"""The plain cross-entropy (a backend's fused kernel where it has one)
+equals NumPy's, loss and gradient. Chunked cross-entropy equals the plain
+loss and its gradients (ignored
 positions, sample weights, label smoothing, soft-capped logits, a bias,
 tied and untied heads, lengths that are not a multiple of the chunk), and
 `fit()` of a causal LM trains the same with and without it."""
@@ -17,6 +19,37 @@ from keras_transformers.training.losses import (
 )
 
 N, D, V = 13, 8, 37
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_token_cross_entropy_equals_numpy(smoothing):
+    rng = np.random.default_rng(3)
+    logits = keras.Variable(rng.normal(size=(2, 5, V)).astype("float32") * 3)
+    labels = rng.integers(0, V, size=(2, 5))
+    labels[1, 3] = -100  # ignored: any value, even out of range
+
+    def loss():
+        losses = token_cross_entropy(
+            keras.ops.array(labels),
+            logits.value,
+            label_smoothing=smoothing,
+            ignore_class=-100,
+        )
+        return keras.ops.sum(losses * keras.ops.arange(1, 6, dtype="float32"))
+
+    x = to_numpy(logits).astype("float64")
+    log_probs = x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    log_probs -= x.max(-1, keepdims=True)
+    safe = np.where(labels == -100, 0, labels)
+    nll = -np.take_along_axis(log_probs, safe[..., None], -1)[..., 0]
+    want = (1 - smoothing) * nll - smoothing * log_probs.mean(-1)
+    valid = labels != -100
+    weight = np.arange(1, 6)[None, :] * valid
+    onehot = np.eye(V)[safe]
+    grad = np.exp(log_probs) - (1 - smoothing) * onehot - smoothing / V
+    assert_close(to_numpy(loss()), (want * weight).sum(), atol=1e-4)
+    (got,) = gradients(loss, [logits])
+    assert_close(got, grad * weight[..., None], atol=1e-6)
 
 
 @pytest.mark.parametrize(

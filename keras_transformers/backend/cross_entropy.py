@@ -1,4 +1,5 @@
-"""Sparse cross-entropy from logits with PyTorch's own autograd.
+"""Sparse cross-entropy from logits in one fused operation, where the
+backend has one (PyTorch, TensorFlow).
 
 `log_softmax` then `take_along_axis` is the portable form (what
 `training.losses.token_cross_entropy` runs elsewhere), but on PyTorch its
@@ -10,6 +11,13 @@ Here the backward turns the saved log-probabilities into the gradient in
 place (`softmax - target`): one `[B, T, V]` buffer for forward and
 backward together (so the graph can be differentiated once: a second
 `backward(retain_graph=True)` raises PyTorch's in-place-modification error).
+
+TensorFlow: `tf.nn.sparse_softmax_cross_entropy_with_logits` computes the
+loss and its gradient (`softmax - onehot`) in one kernel and keeps that one
+`[B, T, V]` tensor; the portable form keeps the log-probabilities and
+differentiates the gather and the log-softmax separately. Measured (2,048
+positions, V = 49,152, float32, the head's product included, a compiled
+training step): peak memory 1.8 GB above the start -> 0.5 GB.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ def sparse_cross_entropy(logits, labels, label_smoothing=0.0):
         label_smoothing: `eps` in `[0, 1]`.
 
     Returns:
-        float32 `[...]` on PyTorch; None elsewhere (use the `keras.ops` form).
+        float32 `[...]` on PyTorch, and on TensorFlow without smoothing;
+        None elsewhere (use the `keras.ops` form).
     """
-    if keras.config.backend() != "torch" or any(
+    name = keras.config.backend()
+    if name not in ("torch", "tensorflow") or any(
         isinstance(x, keras.KerasTensor) for x in (logits, labels)
     ):
         return None
+    if name == "tensorflow":
+        return _tensorflow(logits, labels, label_smoothing)
     import torch
 
     logits = keras.ops.convert_to_tensor(logits)
@@ -40,6 +52,16 @@ def sparse_cross_entropy(logits, labels, label_smoothing=0.0):
     if logits.dtype != torch.float32:
         return None
     return _function().apply(logits, labels.long(), float(label_smoothing))
+
+
+def _tensorflow(logits, labels, label_smoothing):
+    import tensorflow as tf
+
+    logits = tf.convert_to_tensor(logits)
+    if logits.dtype != tf.float32 or label_smoothing:
+        return None  # the portable form (smoothing needs the log-probabilities)
+    labels = tf.cast(labels, tf.int32)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 
 
 _FUNCTION = []
