@@ -1,6 +1,8 @@
 """`backend.custom_vjp`: a hand-written backward pass, the same gradient on
 every backend, computed only once the output's gradient exists."""
 
+import re
+
 import keras
 import numpy as np
 from contracts import gradients, graph_ancestors
@@ -24,7 +26,7 @@ def _exp_square():
     return custom_vjp(lambda x: (x * x, (x,)), backward), calls
 
 
-def test_the_gradient_is_the_backward_passes():
+def test_the_gradient_is_what_the_backward_pass_returns():
     square, _ = _exp_square()
     x = keras.Variable(np.array([0.5, -1.0, 2.0], "float32"))
     w = np.array([1.0, 2.0, 3.0], "float32")
@@ -58,8 +60,9 @@ def test_the_backward_pass_waits_for_the_output_gradient():
         import jax
 
         jaxpr = str(jax.make_jaxpr(jax.grad(lambda t: ops.sum(square(t))))(x))
-        assert "optimization_barrier" in jaxpr
-        assert jaxpr.index("optimization_barrier") < jaxpr.index("exp")
+        barrier = re.search(r"\boptimization_barrier\b", jaxpr)
+        exp = re.search(r"\bexp\b", jaxpr)
+        assert barrier and exp and barrier.start() < exp.start()
     else:
         import torch
 
