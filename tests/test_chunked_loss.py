@@ -38,8 +38,8 @@ def test_token_cross_entropy_equals_numpy(smoothing):
         return keras.ops.sum(losses * keras.ops.arange(1, 6, dtype="float32"))
 
     x = to_numpy(logits).astype("float64")
-    log_probs = x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
-    log_probs -= x.max(-1, keepdims=True)
+    shifted = x - x.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     safe = np.where(labels == -100, 0, labels)
     nll = -np.take_along_axis(log_probs, safe[..., None], -1)[..., 0]
     want = (1 - smoothing) * nll - smoothing * log_probs.mean(-1)
