@@ -56,12 +56,13 @@ def _jax(forward, backward, primal):
         return primal(*tensors)
 
     def bwd(residuals, grad):
-        # What `backward` recomputes from the residuals alone would
-        # otherwise be scheduled by XLA early, during the forward pass, and
-        # kept (every layer's attention scores at once): as `jax.checkpoint`
-        # does, the barrier ties the residuals to the incoming gradient
-        # (blockwise attention at 2,048 tokens: 26 MB of XLA temporaries
-        # per layer with it, 91 MB without).
+        # What `backward` recomputes from the residuals alone could be
+        # scheduled by XLA early, during the forward pass, and kept: as
+        # `jax.checkpoint` does, the barrier ties the residuals to the
+        # incoming gradient. XLA:CPU drops barriers before its last
+        # common-subexpression pass, so a backward pass should not compute
+        # a large tensor exactly as the forward did, or the two merge into
+        # one kept from the forward on (see `blockwise_attention`).
         residuals, grad = jax.lax.optimization_barrier((residuals, grad))
         return tuple(backward(residuals, grad))
 
