@@ -316,12 +316,16 @@ def _forward(spec, *tensors):
     out = ops.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     lse = ops.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]
     out = spec.heads_last(out)
-    lse = checkpoint_name(lse, "attention_logsumexp")  # kept by remat="matmuls"
     if spec.empty_rows:  # every key masked: uniform over all S keys
-        rows = ops.any(mask, axis=-1)[:, 0, :, None, None]  # [B|1, T, 1, 1]
+        rows = ops.any(mask, axis=-1)[..., None]  # [B|1, 1, T|1, 1]
         uniform = ops.mean(v, axis=1, keepdims=True)  # [B, 1, K, H]
         uniform = ops.repeat(uniform, spec.groups, axis=2)  # [B, 1, N, H]
-        out = ops.where(rows, out, ops.cast(uniform, out.dtype))
+        out = ops.where(rows[:, 0, :, :, None], out, ops.cast(uniform, out.dtype))
+        # An infinite log-sum-exp gives such a query's scores weight 0 in
+        # the backward pass (no mask there); its uniform weights' gradient
+        # is added after the blocks.
+        lse = ops.where(rows, lse, float("inf"))
+    lse = checkpoint_name(lse, "attention_logsumexp")  # kept by remat="matmuls"
     out = checkpoint_name(out, "attention_output")
     return out, (q, k, v, mask, sinks, out, lse)
 
@@ -346,9 +350,8 @@ def _backward(spec, residuals, grad):
         qb = backend.after(qb, dk)  # one block at a time
         db = _slices(spec, block, dout, kh, vh)[0]
         scores, capped = _scores(spec, block, qb, kb, mask)
-        p = ops.exp(scores - lse[:, :, a:z, :, None])  # [B, K, Tb, G, Sb]
-        if spec.empty_rows:  # a query with every key masked gets no key gradient
-            p = ops.where(_block_mask(spec, block, mask), p, 0.0)
+        # [B, K, Tb, G, Sb]; 0 for a query that sees no key (lse = inf)
+        p = ops.exp(scores - lse[:, :, a:z, :, None])
         pv = ops.cast(_rows(spec, p), v.dtype)
         dv = _add_rows(dv, lo, ops.einsum("bkms,bkmd->bksd", pv, db))
         dp = ops.reshape(f32(ops.einsum("bkmd,bksd->bkms", db, vb)), ops.shape(p))
@@ -364,9 +367,8 @@ def _backward(spec, residuals, grad):
             term = ops.sum(term, axis=(0, 2))  # [K, G]
             dsink = term if dsink is None else dsink + term
     if spec.empty_rows:  # their uniform weights: dO / S on every value
-        empty = f32(ops.logical_not(ops.any(mask, axis=-1)[:, 0]))  # [B|1, T]
-        empty = empty[:, :, None, None, None] * f32(_dout_last(spec, grad))
-        summed = ops.sum(empty, axis=(1, 3)) / ops.shape(v)[1]  # [B, K, H]
+        empty = f32(ops.isinf(lse))[..., None] * f32(dout)  # [B, K, T, G, H]
+        summed = ops.sum(empty, axis=(2, 3)) / ops.shape(v)[1]  # [B, K, H]
         dv = dv + summed[:, :, None]
     dq = ops.concatenate(dqs, axis=2) if len(dqs) > 1 else dqs[0]
     grads = [
@@ -379,12 +381,6 @@ def _backward(spec, residuals, grad):
     if sinks is not None:
         grads.append(ops.cast(ops.reshape(dsink, ops.shape(sinks)), sinks.dtype))
     return grads
-
-
-def _dout_last(spec, grad):
-    """`[B, T, N, H]` -> `[B, T, K, G, H]`."""
-    b, t, _, h = ops.shape(grad)
-    return ops.reshape(grad, (b, t, spec.kv_heads, spec.groups, h))
 
 
 def _add_rows(total, start, rows):
