@@ -19,11 +19,11 @@ what it did not keep.
   with `keep=None`.
 
 Measured (JAX, 2-core CPU, a SmolLM2-135M-shaped block at 2,048 tokens,
-XLA's buffer assignment of the training step): 178 MB of temporaries per
-block without remat, 83 MB keeping the matmuls and attention's outputs
-(74 MB without them, when the backward pass ran attention's forward
-again: 4 blocks' forward and backward took 2.09 s instead of 2.00 s; 1.82 s
-without remat), 4 MB keeping the inputs.
+XLA's buffer assignment of the training step): 88 MB of temporaries per
+block without remat, 79 MB keeping the matmuls and attention's outputs,
+4.5 MB keeping the inputs. (Without attention's outputs the backward pass
+ran attention's forward again: 4 blocks' forward and backward took 2.09 s
+instead of 2.00 s.)
 """
 
 from __future__ import annotations
