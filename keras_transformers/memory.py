@@ -260,7 +260,8 @@ def _block_elements(config, tokens_context, moe, cross_context=0, fused=True):
     attention output ((2N + 2K) H), the softmax (fused: log-sum-exp, N;
     explicit: masked logits, exponentials and probabilities, 3 N S float32,
     plus the mask), the feed-forward pre-activation, activation intermediate
-    and output (3F, or 4F gated) or, for MoE, k copies of the dispatched
+    and output (3F; gated, only gate and up: 2F, the backward pass computes
+    the rest again) or, for MoE, k copies of the dispatched
     row, hidden and output plus the router's 2E floats; a one-byte mask per
     dropout. Cross-attention counts a source as long as the target.
     """
@@ -276,7 +277,7 @@ def _block_elements(config, tokens_context, moe, cross_context=0, fused=True):
             f32 += d / 4
         if c.attention_dropout and not fused:
             f32 += n * context / 4
-    ffn_hidden = (4 if c.gated_feed_forward else 3) * c.intermediate_dim
+    ffn_hidden = (2 if c.gated_feed_forward else 3) * c.intermediate_dim
     elements += 2 * d
     if moe:
         m = c.moe
@@ -406,9 +407,11 @@ def estimate_memory(
             size = tokens * (elements * act_bytes + f32 * 4)
             stored, largest = stored + size, max(largest, size)
             inputs += tokens * config.hidden_dim * act_bytes
-            if remat == "matmuls":
+            if remat == "matmuls" and keeps_selectively():
                 kept = _matmul_elements(config, moe, bool(cross))
                 inputs += tokens * kept * act_bytes
+                # recomputed: element-wise results only (the norms' outputs)
+                largest = tokens * 2 * config.hidden_dim * act_bytes
     blocks_bytes = inputs + largest if remat else stored
     d, v = config.hidden_dim, config.vocabulary_size
     outside = tokens * 3 * d * act_bytes  # embeddings, final norm in and out

@@ -55,12 +55,18 @@ def test_gated_activation_gradients(name):
         assert_close(got, w, atol=1e-6, rtol=1e-5)
 
 
-def test_gated_feed_forward_gradients_match_inference_path():
-    """`training=True` (the hand-written backward) and `training=False`
-    (plain ops) give the same outputs and weight gradients."""
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_gated_feed_forward_gradients_match_inference_path(use_bias):
+    """`training=True` (the gated unit and the output projection with one
+    hand-written backward) and `training=False` (plain ops) give the same
+    outputs and gradients, biases included."""
     rng = np.random.default_rng(1)
-    layer = FeedForward(32, activation="silu", gated=True, use_bias=False)
+    layer = FeedForward(32, activation="silu", gated=True, use_bias=use_bias)
     x = keras.ops.convert_to_tensor(rng.normal(size=(2, 6, 8)).astype("float32"))
+    layer.build(x.shape)
+    for weight in layer.trainable_weights:  # nonzero biases too
+        weight.assign(rng.normal(size=weight.shape).astype("float32") * 0.3)
+    assert layer._projects_gated(True)
     outs = {t: to_numpy(layer(x, training=t)) for t in (True, False)}
     assert_close(outs[True], outs[False], atol=0)
     grads = {
@@ -70,5 +76,24 @@ def test_gated_feed_forward_gradients_match_inference_path():
         )
         for t in (True, False)
     }
-    for got, want in zip(grads[True], grads[False]):
-        assert_close(got, want, atol=1e-6)
+    for got, want in zip(grads[True], grads[False]):  # float32 rounding
+        assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_gated_feed_forward_with_lora_keeps_the_output_layer():
+    """With LoRA on the output projection the training call goes through
+    the output `Dense` (its adapter included), not the fused product."""
+    rng = np.random.default_rng(2)
+    layer = FeedForward(16, activation="silu", gated=True, use_bias=False)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(1, 4, 8)).astype("float32"))
+    layer.build(x.shape)
+    layer.output_dense.enable_lora(2)
+    layer.output_dense.lora_kernel_b.assign(np.ones((2, 8), "float32"))
+    assert not layer._projects_gated(True)
+    assert_close(layer(x, training=True), layer(x, training=False), atol=1e-6)
+    plain = FeedForward(16, activation="silu", gated=True, use_bias=False)
+    plain.build(x.shape)
+    for a, b in zip(plain.weights, layer.weights):
+        a.assign(b)
+    delta = to_numpy(layer(x, training=True)) - to_numpy(plain(x, training=True))
+    assert np.abs(delta).max() > 1e-3  # the adapter's update is there

@@ -227,15 +227,19 @@ def test_estimate_options_move_the_right_parts():
     )
     mixed = estimate_memory(config, 4, 64, dtype="mixed_bfloat16")
     assert mixed.parameters == base.parameters
-    assert mixed.activations < 0.6 * base.activations
+    assert mixed.activations < 0.65 * base.activations
     half = estimate_memory(config, 4, 64, dtype="bfloat16")
     assert half.parameters * 2 == base.parameters
     remat = estimate_memory(config, 4, 64, remat=True)
-    assert remat.activations < 0.6 * base.activations
+    assert remat.activations < 0.7 * base.activations
     assert remat.recompute_flops_per_token > 0 == base.recompute_flops_per_token
     assert estimate_memory(config.replace(remat=True), 4, 64) == remat
     matmuls = estimate_memory(config, 4, 64, remat="matmuls")
-    assert remat.activations < matmuls.activations < base.activations
+    assert matmuls.activations < base.activations
+    if keras.config.backend() == "tensorflow":  # the whole block again
+        assert matmuls.activations == remat.activations
+    else:
+        assert remat.activations < matmuls.activations
     # Element-wise work only, except on TensorFlow (the whole block again).
     again = (
         remat.recompute_flops_per_token if keras.config.backend() == "tensorflow" else 0

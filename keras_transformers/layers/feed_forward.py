@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 from keras_transformers.backend import call_layer
 from keras_transformers.backend.choices import exact_gelu
@@ -12,7 +13,7 @@ from keras_transformers.layers.core import (
     RMSNormalization,
     seeded_dropout,
 )
-from keras_transformers.layers.gated_activation import gated_unit
+from keras_transformers.layers.gated_activation import gated_projection, gated_unit
 from keras_transformers.layers.serializable import serializable
 
 _ACTIVATIONS = {
@@ -82,7 +83,10 @@ class FeedForward(keras.layers.Layer):
         self.activation_fn = activation_fn(activation)
         self.gated = gated
         # `act(gate) * up` with a backward pass that keeps only gate and up
-        self._gated_unit = gated_unit(activation, self.activation_fn) if gated else None
+        self._gated_unit = self._gated_projection = None
+        if gated:
+            self._gated_unit = gated_unit(activation, self.activation_fn)
+            self._gated_projection = gated_projection(activation, self.activation_fn)
         self.use_bias = use_bias
         self.dropout = dropout
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -113,6 +117,13 @@ class FeedForward(keras.layers.Layer):
         hidden = call_layer(self.inner_dense, x)  # [B, T, F]
         if self.gated:
             gate = call_layer(self.gate_dense, x)
+            if training and self._projects_gated(training):
+                # the unit and the output product at once, keeping only
+                # gate and up (the product's input is computed again)
+                out = self.output_dense
+                kernel = ops.cast(out._kernel, out.compute_dtype)
+                bias = None if out.bias is None else ops.cast(out.bias, kernel.dtype)
+                return self._gated_projection(gate, hidden, kernel, bias)
             if training:  # the same product, keeping only gate and up
                 hidden = self._gated_unit(gate, hidden)
             else:
@@ -122,6 +133,18 @@ class FeedForward(keras.layers.Layer):
         if training and self.dropout > 0:
             hidden = self.dropout_layer(hidden, training=training)
         return call_layer(self.output_dense, hidden)
+
+    def _projects_gated(self, training):
+        """Whether a training call may fuse the gated unit with the output
+        projection: a plain output `Dense` (not quantized, no LoRA, no
+        activation) and no dropout between them."""
+        out = self.output_dense
+        return (
+            not (training and self.dropout > 0)
+            and out.quantization_mode is None
+            and not out.lora_enabled
+            and out.activation in (None, keras.activations.linear)
+        )
 
     def compute_output_shape(self, input_shape):
         return input_shape

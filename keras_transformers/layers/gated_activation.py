@@ -17,6 +17,7 @@ import math
 
 from keras import ops
 
+from keras_transformers import backend
 from keras_transformers.backend.custom_vjp import custom_vjp
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -93,3 +94,59 @@ def gated_unit(name, act):
 
     unit = custom_vjp(forward, backward)
     return lambda gate, up: unit(ops.convert_to_tensor(gate), ops.convert_to_tensor(up))
+
+
+def gated_projection(name, act):
+    """The function `(gate, up, kernel, bias) -> (act(gate) * up) @ kernel
+    + bias` (`gate`, `up` `[..., F]`, `kernel [F, D]`, `bias [D]` or None)
+    keeping only `gate` and `up` for the backward pass: the product's input
+    `act(gate) * up` `[..., F]` is computed again there, not kept (one
+    `[B, T, F]` tensor less per feed-forward layer in a training step: 12.6
+    MB per layer for SmolLM2's 1,536 hidden units at 2,048 tokens).
+
+    Args:
+        name: the activation's config name (a key of `DERIVATIVES`).
+        act: the activation function itself (the forward's exact op).
+
+    Examples:
+        >>> from keras import ops
+        >>> project = gated_projection("relu", ops.relu)
+        >>> g = ops.convert_to_tensor([[-1.0, 2.0]])
+        >>> out = project(g, ops.ones_like(g), ops.ones((2, 1)), None)
+        >>> [round(float(v), 1) for v in ops.convert_to_numpy(out)[0]]
+        [2.0]
+    """
+    derivative = DERIVATIVES[name]
+
+    def forward(gate, up, kernel, *bias):
+        hidden = act(gate) * up
+        out = backend.linear(hidden, kernel, bias[0] if bias else None, 1)
+        if out is None:  # the caller's Keras ops
+            out = ops.matmul(hidden, kernel)
+            out = out + bias[0] if bias else out
+        return out, (gate, up, kernel)
+
+    def backward(residuals, grad, bias=False):
+        gate, up, kernel = residuals
+        a = act(gate)
+        # [N, F]: the product's input again, and the gradient [N, D]
+        hidden = ops.reshape(a * up, (-1, kernel.shape[0]))
+        flat = ops.reshape(grad, (-1, kernel.shape[1]))
+        d_hidden = ops.matmul(grad, ops.transpose(kernel))  # [..., F]
+        grads = [
+            d_hidden * up * derivative(gate),
+            d_hidden * a,
+            ops.matmul(ops.transpose(hidden), flat),
+        ]
+        return grads + [ops.sum(flat, axis=0)] if bias else grads
+
+    without_bias = custom_vjp(forward, backward)
+    with_bias = custom_vjp(forward, lambda r, g: backward(r, g, bias=True))
+
+    def project(gate, up, kernel, bias=None):
+        tensors = [ops.convert_to_tensor(t) for t in (gate, up, kernel)]
+        if bias is None:
+            return without_bias(*tensors)
+        return with_bias(*tensors, ops.convert_to_tensor(bias))
+
+    return project
