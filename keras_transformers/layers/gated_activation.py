@@ -9,6 +9,11 @@ tensors); here the backward recomputes `act(gate)` and its derivative from
 are unchanged; gradients are the exact derivatives to float32 rounding
 (for the tanh GELU closer than automatic differentiation, whose
 `1 - tanh^2` cancels for large |x|).
+
+`gated_projection` also takes the output projection into the same
+backward pass: the product's input `act(gate) * up` is computed again
+there instead of being kept for the kernel's gradient (TensorFlow, one
+SmolLM2 feed-forward at 2,048 tokens: 45 -> 31 MB kept for the backward).
 """
 
 from __future__ import annotations
