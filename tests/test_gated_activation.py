@@ -66,7 +66,7 @@ def test_gated_feed_forward_gradients_match_inference_path(use_bias):
     layer.build(x.shape)
     for weight in layer.trainable_weights:  # nonzero biases too
         weight.assign(rng.normal(size=weight.shape).astype("float32") * 0.3)
-    assert layer._projects_gated(True)
+    assert layer._projects_gated()
     outs = {t: to_numpy(layer(x, training=t)) for t in (True, False)}
     assert_close(outs[True], outs[False], atol=0)
     grads = {
@@ -89,7 +89,7 @@ def test_gated_feed_forward_with_lora_keeps_the_output_layer():
     layer.build(x.shape)
     layer.output_dense.enable_lora(2)
     layer.output_dense.lora_kernel_b.assign(np.ones((2, 8), "float32"))
-    assert not layer._projects_gated(True)
+    assert not layer._projects_gated()
     assert_close(layer(x, training=True), layer(x, training=False), atol=1e-6)
     plain = FeedForward(16, activation="silu", gated=True, use_bias=False)
     plain.build(x.shape)

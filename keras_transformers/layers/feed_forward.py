@@ -117,7 +117,7 @@ class FeedForward(keras.layers.Layer):
         hidden = call_layer(self.inner_dense, x)  # [B, T, F]
         if self.gated:
             gate = call_layer(self.gate_dense, x)
-            if training and self._projects_gated(training):
+            if training and self._projects_gated():
                 # the unit and the output product at once, keeping only
                 # gate and up (the product's input is computed again)
                 out = self.output_dense
@@ -134,13 +134,13 @@ class FeedForward(keras.layers.Layer):
             hidden = self.dropout_layer(hidden, training=training)
         return call_layer(self.output_dense, hidden)
 
-    def _projects_gated(self, training):
+    def _projects_gated(self):
         """Whether a training call may fuse the gated unit with the output
         projection: a plain output `Dense` (not quantized, no LoRA, no
         activation) and no dropout between them."""
         out = self.output_dense
         return (
-            not (training and self.dropout > 0)
+            self.dropout == 0
             and out.quantization_mode is None
             and not out.lora_enabled
             and out.activation in (None, keras.activations.linear)
