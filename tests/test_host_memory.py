@@ -107,3 +107,30 @@ def test_training_commands_call_it_first(monkeypatch):
     for run in (train.run, finetune.run):  # nothing is read or built before it
         with pytest.raises(Called):
             run(argparse.Namespace())
+
+
+@pytest.mark.parametrize(
+    "given, imported, expected",
+    [(None, False, "1"), ("0", False, "0"), (None, True, None)],
+    ids=["turned-on", "users-choice-kept", "tensorflow-already-imported"],
+)
+def test_training_commands_turn_on_tensorflow_onednn_before_its_import(
+    monkeypatch, given, imported, expected
+):
+    import types
+
+    from keras_transformers.backend import host_memory
+    from keras_transformers.cli._common import prepare_training_process
+
+    monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: True)
+    if given is None:
+        monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    else:
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", given)
+    if imported:  # read at TensorFlow's import: too late to set it then
+        module = sys.modules.get("tensorflow") or types.ModuleType("tensorflow")
+        monkeypatch.setitem(sys.modules, "tensorflow", module)
+    else:
+        monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    prepare_training_process()
+    assert os.environ.get("TF_ENABLE_ONEDNN_OPTS") == expected

@@ -96,6 +96,25 @@ def given(args: argparse.Namespace, name: str) -> bool:
     return not isinstance(getattr(args, name), (_IntDefault, _FloatDefault))
 
 
+def prepare_training_process() -> None:
+    """What `train` and `finetune` set before Keras starts its backend.
+
+    TensorFlow's oneDNN kernels are turned on (`TF_ENABLE_ONEDNN_OPTS=1`
+    unless the environment already chooses): TensorFlow enables them by
+    itself only on CPUs with AVX-512 VNNI or newer, and reads the variable
+    once, when it is imported. Measured on a 2-core AMD EPYC (Zen 3, AVX2),
+    a SmolLM2-135M training step at 2,048 tokens: 18.5 s with them, 24.1 s
+    without, for 0.37 GB more resident memory (docs/training.md). Then
+    freed host memory is kept for reuse (`retain_freed_memory`), before
+    any computation.
+    """
+    if "tensorflow" not in sys.modules:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    from keras_transformers.backend.host_memory import retain_freed_memory
+
+    retain_freed_memory()
+
+
 @contextlib.contextmanager
 def quiet_stderr():
     """Silences file descriptor 2 for the duration of a block.

@@ -12,6 +12,7 @@ from keras_transformers.cli._common import (
     WORDPIECE_VOCABULARY_SIZE,
     positive_float,
     positive_int,
+    prepare_training_process,
 )
 from keras_transformers.cli.resume import add_resume_arguments
 
@@ -103,11 +104,10 @@ def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `finetune`: `cli.classify.finetune_classifier` (--task classify)
-    or `cli.lora.finetune_causal_lm` (--task causal-lm). Freed host memory
-    is kept for reuse (`retain_freed_memory`), before any computation."""
-    from keras_transformers.backend.host_memory import retain_freed_memory
-
-    retain_freed_memory()
+    or `cli.lora.finetune_causal_lm` (--task causal-lm), after
+    `prepare_training_process` (TensorFlow's oneDNN kernels, freed host
+    memory kept for reuse)."""
+    prepare_training_process()
     if args.task == "causal-lm":
         from keras_transformers.cli.lora import finetune_causal_lm
 

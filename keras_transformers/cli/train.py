@@ -33,6 +33,7 @@ from keras_transformers.cli._common import (
     mark_defaults,
     positive_float,
     positive_int,
+    prepare_training_process,
     wants_distribution,
 )
 from keras_transformers.cli.resume import add_resume_arguments
@@ -249,11 +250,10 @@ def _add_image_arguments(train: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs `train`: `train_model`, `pretrain_bert` for a bert preset,
     `train_seq2seq` for a transformer preset (or --source/--target/--task),
-    or `train_vit` for a vit preset (or --images). Freed host memory is
-    kept for reuse (`retain_freed_memory`), before any computation."""
-    from keras_transformers.backend.host_memory import retain_freed_memory
-
-    retain_freed_memory()
+    or `train_vit` for a vit preset (or --images), after
+    `prepare_training_process` (TensorFlow's oneDNN kernels, freed host
+    memory kept for reuse)."""
+    prepare_training_process()
     from keras_transformers.cli.seq2seq import wants_seq2seq
     from keras_transformers.cli.vit import wants_vit
     from keras_transformers.presets import list_presets
