@@ -1,9 +1,9 @@
 """What the modules of the `keras-transformers` command share: the program
 name, `CLIError`, argument types, defaults that both the parser and a job
-read, and `quiet_stderr`.
+read, `prepare_training_process` and `quiet_stderr`.
 
-Only the standard library is imported here: the parser (and so `--help`)
-must not wait for Keras.
+Only the standard library is imported at the top here: the parser (and so
+`--help`) must not wait for Keras.
 """
 
 from __future__ import annotations
