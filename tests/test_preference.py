@@ -186,6 +186,21 @@ def test_precomputed_reference_starts_at_log_2(jit_compile):
     assert history["loss"][1] < history["loss"][0]  # the step moved the policy
 
 
+class _GraphsPerStep(keras.callbacks.Callback):
+    """On PyTorch, the graphs `torch.compile` has compiled after each
+    training step."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if keras.config.backend() == "torch":
+            from torch._dynamo.utils import counters
+
+            self.counts.append(counters["stats"]["unique_graphs"])
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_lora_policy_against_its_base(jit_compile):
     policy = tiny_lm()
@@ -195,7 +210,15 @@ def test_lora_policy_against_its_base(jit_compile):
     dpo = DPOModel(policy, reference="base", beta=0.5)
     assert dpo.reference is None
     dpo.compile(optimizer=keras.optimizers.Adam(2e-2), jit_compile=jit_compile)
-    history = dpo.fit(toy_data(), batch_size=8, epochs=3, verbose=0).history
+    graphs = _GraphsPerStep()
+    history = dpo.fit(
+        toy_data(), batch_size=8, epochs=3, verbose=0, callbacks=[graphs]
+    ).history
+    if jit_compile and keras.config.backend() == "torch":
+        # The DPO model is never called before its first compiled step:
+        # `torch.compile` compiles its graphs then, and no step compiles
+        # again (one epoch, one step each).
+        assert len(graphs.counts) == 3 and len(set(graphs.counts)) == 1, graphs.counts
     # Fresh adapters (B = 0): the first step's policy is its base.
     np.testing.assert_allclose(history["loss"][0], math.log(2), rtol=1e-5)
     assert history["rewards/margins"][-1] > history["rewards/margins"][0]

@@ -18,6 +18,11 @@ between steps therefore stays outside the compiled function:
   tensors (step 2), then other tensors (step 3, the guarded ones freed): a
   new graph at each of the first steps. The lists are cleared after each
   compiled step, so every step starts with them empty.
+* A model's first call records Keras' call context and each layer's name
+  scope. A model that was never called (one marked built, which `fit`
+  does not build symbolically, such as `DPOModel`) is called once on
+  symbolic inputs before its first compiled step, as `fit` does for an
+  unbuilt model; otherwise the second step would compile again.
 """
 
 from __future__ import annotations
@@ -157,6 +162,8 @@ def train_function(model, force=False, check_inputs=None):
             ),
             (x, y, sample_weight),
         )
+        if not model._called:
+            _call_symbolically(model, x)
         model.zero_grad()
         y_pred, loss = compiled(x, y, sample_weight)
         model._clear_losses()
@@ -173,6 +180,18 @@ def train_function(model, force=False, check_inputs=None):
 
     model.train_function = one_step_on_data
     return one_step_on_data
+
+
+def _call_symbolically(model, x):
+    """Calls `model` on symbolic tensors shaped like `x` (Keras' symbolic
+    build), which records what a first call records and computes nothing."""
+    symbolic = keras.tree.map_structure(
+        lambda v: None if v is None else keras.KerasTensor(v.shape, v.dtype), x
+    )
+    if model._call_has_training_arg:
+        model(symbolic, training=False)
+    else:
+        model(symbolic)
 
 
 def check_losses_survive_compiling(model, torch_version):
