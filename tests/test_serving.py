@@ -23,6 +23,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
+from contracts import toy_run_env  # noqa: E402
+
 from keras_transformers import from_preset  # noqa: E402
 from keras_transformers.tokenizer import train_bpe  # noqa: E402
 
@@ -46,13 +48,17 @@ def _free_port() -> int:
 
 
 def _start(directory, name, tmp_path_factory, *extra):
-    """A server process for `directory`; returns `(process, client)`."""
+    """A server process for `directory` (JAX's test settings: its warm-up
+    compiles tiny programs, `contracts.toy_run_env`); returns `(process,
+    client)`."""
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "log.txt"
     command = [sys.executable, "-m", "keras_transformers.cli", "serve", str(directory)]
     command += ["--port", str(port), "--model-name", name, *extra]
     with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=toy_run_env()
+        )
     client = openai.OpenAI(
         base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0
     )
