@@ -217,7 +217,7 @@ def test_lora_policy_against_its_base(jit_compile):
     if jit_compile and keras.config.backend() == "torch":
         # The DPO model is never called before its first compiled step:
         # `torch.compile` compiles its graphs then, and no step compiles
-        # again (one epoch, one step each).
+        # again (three epochs of one step).
         assert len(graphs.counts) == 3 and len(set(graphs.counts)) == 1, graphs.counts
     # Fresh adapters (B = 0): the first step's policy is its base.
     np.testing.assert_allclose(history["loss"][0], math.log(2), rtol=1e-5)
