@@ -114,7 +114,7 @@ def compile_function(fn, variables, direct_calls=False, donate=()):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn, jit_compile=True)
+        return tf.function(fn, jit_compile=True, autograph=False)
     if backend == "torch":
         import torch
 
