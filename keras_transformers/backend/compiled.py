@@ -66,6 +66,32 @@ def prepare_tensorflow_step(model):
         collectable_traces(getattr(model, "optimizer", None))
 
 
+def build_before_tracing(model, iterator=None, data_batch=None):
+    """On TensorFlow without a `tf.distribute` strategy: `model`'s layers,
+    compiled metrics and loss and optimizer built symbolically from the
+    data's shapes before `fit` or `evaluate` first traces a step, as Keras
+    builds them on JAX and PyTorch (and on TensorFlow under a strategy).
+    Keras otherwise creates them inside the first trace, and a `tf.function`
+    that creates variables there traces the whole step a second time (a
+    2-layer BERT classifier fitted with an accuracy metric: two traces of
+    its train step, whose metric variables were made in the first).
+    `iterator`: Keras' epoch iterator (its dataset's element spec gives the
+    shapes; no batch is read), or `data_batch` (`train_on_batch`). Returns
+    False where it does nothing (the caller then runs Keras' own)."""
+    if keras.config.backend() != "tensorflow" or model._distribute_strategy is not None:
+        return False
+    import tensorflow as tf
+
+    if data_batch is None:
+        dataset = getattr(iterator, "_distributed_dataset", None)
+        data_batch = getattr(dataset, "element_spec", None)
+        specs = keras.tree.flatten(data_batch) if data_batch is not None else [None]
+        if not all(isinstance(spec, tf.TensorSpec) for spec in specs):
+            return False  # ragged or sparse data, or an unknown iterator
+    model._symbolic_build(data_batch=data_batch)
+    return True
+
+
 def build_optimizer_first(model):
     """Builds `model`'s optimizer eagerly before its train function is first
     traced. Keras otherwise builds it inside that trace (unless a

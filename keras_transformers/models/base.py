@@ -14,7 +14,11 @@ from keras import ops
 from keras_transformers import backend, loading, lora, preset_io, quantization
 from keras_transformers._json import dtype_policy_json
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
-from keras_transformers.backend.compiled import prepare_tensorflow_step, train_function
+from keras_transformers.backend.compiled import (
+    build_before_tracing,
+    prepare_tensorflow_step,
+    train_function,
+)
 from keras_transformers.backend.jax_state import KeepsStateOnError
 from keras_transformers.config import TransformerConfig
 from keras_transformers.config.validation import check_argument_int
@@ -239,6 +243,13 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         prepare_tensorflow_step(self)
         function = train_function(self, force, check_inputs=host_inputs)
         return super().make_train_function(force) if function is None else function
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' TensorFlow trainer's hook before `fit` and `evaluate`
+        trace their step: on TensorFlow everything is built first
+        (`build_before_tracing`), so the step is traced once."""
+        if not build_before_tracing(self, iterator, data_batch):
+            super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _norm(self, name):
         """A built norm of the config's type over `hidden_dim` features."""
