@@ -316,30 +316,39 @@ def test_compiled_training_refuses_torch_that_drops_router_losses():
     check_losses_survive_compiling(silent, "2.11.0")
 
 
-def _tf_lm_counting_traces(monkeypatch):
-    """A 1-layer `gpt2_tiny` compiled for TensorFlow's traced `fit` (AdamW),
-    its [4, 8] token ids, and a list that grows by one per `train_step`
-    trace."""
+def _tf_lm_counting_traces(monkeypatch, step_name="train_step", **compile_args):
+    """A 1-layer `gpt2_tiny` compiled for TensorFlow's traced `fit` (AdamW;
+    `compile_args` such as metrics), its [4, 8] token ids, and a list that
+    grows by one per trace of its `step_name` (`train_step`, `test_step`)."""
     model, ids = _compiled_tiny_lm(optimizer="adamw")
-    model.compile(loss=MaskedSparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True), **compile_args
+    )
     traces = []
-    step = type(model).train_step
+    step = getattr(type(model), step_name)
     monkeypatch.setattr(
-        type(model), "train_step", lambda self, d: traces.append(1) or step(self, d)
+        type(model), step_name, lambda self, d: traces.append(1) or step(self, d)
     )
     return model, ids, traces
 
 
-def test_tensorflow_traces_the_first_training_step_once(backend, monkeypatch):
-    """The optimizer is built before TensorFlow traces the train function:
-    a variable created inside the first trace would make `tf.function`
-    trace the whole step again."""
+@pytest.mark.parametrize("step_name", ["train_step", "test_step"])
+def test_tensorflow_traces_the_first_step_once(backend, monkeypatch, step_name):
+    """The model's optimizer and compiled metrics are built before
+    TensorFlow traces the train (or test) function: a variable created
+    inside the first trace would make `tf.function` trace the whole step
+    again."""
     if backend != "tensorflow":
         pytest.skip("tf.function's tracing")
-    model, ids, traces = _tf_lm_counting_traces(monkeypatch)
-    model.fit(ids, ids, batch_size=2, epochs=2, verbose=0)
+    model, ids, traces = _tf_lm_counting_traces(
+        monkeypatch, step_name, metrics=["sparse_categorical_accuracy"]
+    )
+    if step_name == "train_step":
+        model.fit(ids, ids, batch_size=2, epochs=2, verbose=0)
+        assert model.optimizer.built
+    else:
+        model.evaluate(ids, ids, batch_size=2, verbose=0)
     assert len(traces) == 1
-    assert model.optimizer.built
 
 
 def test_tensorflow_keeps_the_traced_step_after_a_fit_fails_later(backend, monkeypatch):

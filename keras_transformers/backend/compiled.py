@@ -2,8 +2,8 @@
 `torch.compile` path): the train function, which compiles the forward pass
 and the loss and runs the rest of the step eagerly, compiled decoding
 steps, and `run_eagerly` for work left out of a graph; on TensorFlow,
-`prepare_tensorflow_step`, so that a train step is traced once and its
-trace is freed with its model.
+`BuildsBeforeTracing` and `prepare_tensorflow_step`, so that a train or
+test step is traced once and its trace is freed with its model.
 
 `torch.compile` guards a compiled program on the Python-visible state it
 read, and recompiles whenever a guard fails. Keras state that changes
@@ -74,12 +74,20 @@ def build_before_tracing(model, iterator=None, data_batch=None):
     Keras otherwise creates them inside the first trace, and a `tf.function`
     that creates variables there traces the whole step a second time (a
     2-layer BERT classifier fitted with an accuracy metric: two traces of
-    its train step, whose metric variables were made in the first).
+    its train step, whose metric variables were made in the first). A
+    model without compiled metrics and with its layers built is left
+    alone: building its loss symbolically would trace its forward pass
+    for nothing.
     `iterator`: Keras' epoch iterator (its dataset's element spec gives the
     shapes; no batch is read), or `data_batch` (`train_on_batch`). Returns
-    False where it does nothing (the caller then runs Keras' own)."""
+    False where Keras' own hook is to run instead."""
     if keras.config.backend() != "tensorflow" or model._distribute_strategy is not None:
         return False
+    metrics = getattr(model, "_compile_metrics", None)
+    if (metrics is None or metrics.built) and all(
+        layer.built for layer in model._flatten_layers()
+    ):
+        return True  # nothing to create in a trace (the optimizer: below)
     import tensorflow as tf
 
     if data_batch is None:
@@ -90,6 +98,16 @@ def build_before_tracing(model, iterator=None, data_batch=None):
             return False  # ragged or sparse data, or an unknown iterator
     model._symbolic_build(data_batch=data_batch)
     return True
+
+
+class BuildsBeforeTracing:
+    """Mixin for `keras.Model`s: on TensorFlow, `fit` and `evaluate` trace
+    their step once (`build_before_tracing`, through the hook Keras'
+    TensorFlow trainer calls before it makes its functions)."""
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if not build_before_tracing(self, iterator, data_batch):
+            super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
 
 def build_optimizer_first(model):

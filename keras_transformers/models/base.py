@@ -15,7 +15,7 @@ from keras_transformers import backend, loading, lora, preset_io, quantization
 from keras_transformers._json import dtype_policy_json
 from keras_transformers.backend import call_layer, concrete_numpy, in_shape_inference
 from keras_transformers.backend.compiled import (
-    build_before_tracing,
+    BuildsBeforeTracing,
     prepare_tensorflow_step,
     train_function,
 )
@@ -212,7 +212,9 @@ def run_blocks(
     return x, tuple(caches)
 
 
-class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.Model):
+class ConfiguredModel(
+    SavesRandomState, ChecksDataIds, KeepsStateOnError, BuildsBeforeTracing, keras.Model
+):
     """Base of every model: holds `config`, derives `get_config()` from it,
     and carries the preset entry points. Saved weights include the state of
     its dropout seed generators, so training resumes exactly."""
@@ -243,13 +245,6 @@ class ConfiguredModel(SavesRandomState, ChecksDataIds, KeepsStateOnError, keras.
         prepare_tensorflow_step(self)
         function = train_function(self, force, check_inputs=host_inputs)
         return super().make_train_function(force) if function is None else function
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Keras' TensorFlow trainer's hook before `fit` and `evaluate`
-        trace their step: on TensorFlow everything is built first
-        (`build_before_tracing`), so the step is traced once."""
-        if not build_before_tracing(self, iterator, data_batch):
-            super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _norm(self, name):
         """A built norm of the config's type over `hidden_dim` features."""
