@@ -87,7 +87,7 @@ def build_before_tracing(model, iterator=None, data_batch=None):
     if (metrics is None or metrics.built) and all(
         layer.built for layer in model._flatten_layers()
     ):
-        return True  # nothing to create in a trace (the optimizer: below)
+        return True  # nothing to create in a trace (the optimizer: `build_optimizer_first`)
     import tensorflow as tf
 
     if data_batch is None:
