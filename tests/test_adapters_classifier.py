@@ -211,3 +211,33 @@ def test_other_heads_keep_a_clear_error(tmp_path):
     model.enable_lora(2)
     with pytest.raises(ValueError, match="sequence classifiers only.*save_lora"):
         model.save_adapter(tmp_path / "adapter")
+
+
+def test_listed_pre_classifier_loads_and_its_tensors_are_named(
+    base_dirs, adapters, tmp_path
+):
+    """PEFT (0.22 and later) lists DistilBERT's `pre_classifier` in every
+    classifier's `modules_to_save`: listed without tensors, the adapter
+    loads; with its tensors (trained whole), the error names them."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    directory = tmp_path / "listed"
+    shutil.copytree(adapters / "cls", directory)
+    path = directory / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config["modules_to_save"] = ["classifier", "score", "pre_classifier"]
+    path.write_text(json.dumps(config))
+    model = ours("llama", base_dirs["llama"])
+    model.load_adapter(directory)
+    assert model._lora_state is not None
+
+    weights = directory / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["base_model.model.pre_classifier.weight"] = np.zeros((32, 32), np.float32)
+    save_file(tensors, str(weights))
+    model = ours("llama", base_dirs["llama"])
+    with pytest.raises(ValueError, match=r"pre_classifier\.weight.*head only"):
+        model.load_adapter(directory)
+    assert getattr(model, "_lora_state", None) is None

@@ -33,6 +33,10 @@ PEFT_PREFIX = "base_model.model."
 FACTORS = ("lora_A", "lora_B")
 # PEFT's `modules_to_save` of a sequence classifier: its head, trained whole.
 HEAD_MODULES = ("classifier", "score")
+# The names PEFT (0.22 and later) lists in every classifier's
+# `modules_to_save`: a name holds tensors only where the model has that
+# module, and DistilBERT's `pre_classifier` is not part of our heads.
+LISTED_HEAD_MODULES = (*HEAD_MODULES, "pre_classifier")
 SEQ_CLS = "SEQ_CLS"
 # PEFT options that change what an adapter computes, and what we say of them.
 UNSUPPORTED = {
@@ -231,7 +235,8 @@ def read_config(directory: Path) -> dict:
             "adapters (peft_type 'LORA') load."
         )
     unsupported = [text for key, text in UNSUPPORTED.items() if config.get(key)]
-    extra = [m for m in config.get("modules_to_save") or () if m not in HEAD_MODULES]
+    listed = config.get("modules_to_save") or ()
+    extra = [m for m in listed if m not in LISTED_HEAD_MODULES]
     if extra:
         unsupported.append(
             f"modules_to_save {extra} (fully trained modules other than a "
@@ -274,6 +279,13 @@ def read_tensors(directory: Path) -> tuple[dict, dict[str, np.ndarray]]:
             factors.setdefault(match.group(1), {})[match.group(2)] = value
         elif re.fullmatch(rf"(?:base_model\.model\.)?(?:{heads})\..+", name):
             head[name.removeprefix(PEFT_PREFIX)] = value
+        elif name.removeprefix(PEFT_PREFIX).split(".")[0] in LISTED_HEAD_MODULES:
+            raise ValueError(
+                f"Adapter {path} holds {name!r}, a module trained whole beside "
+                f"the classifier's head ({' / '.join(HEAD_MODULES)}): not "
+                "supported. Train the adapter with modules_to_save naming the "
+                "head only."
+            )
         else:
             raise ValueError(
                 f"Adapter tensor {name!r} in {path} is not a LoRA factor of a "
