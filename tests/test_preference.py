@@ -8,7 +8,7 @@ import math
 import keras
 import numpy as np
 import pytest
-from contracts import to_numpy
+from contracts import to_numpy, without_inductor
 
 from keras_transformers.models import GPTCausalLM, MixtralCausalLM
 from keras_transformers.training import (
@@ -170,8 +170,17 @@ def test_fit_learns_toy_preferences_with_a_frozen_copy():
         np.testing.assert_array_equal(before, to_numpy(after))
 
 
+def no_inductor(jit_compile, monkeypatch):
+    """Compiled steps on PyTorch through Dynamo and AOTAutograd without
+    Inductor's code generation (`contracts.without_inductor`): the same
+    graphs and guards; `tests/test_compiled.py` covers Inductor."""
+    if jit_compile and keras.config.backend() == "torch":
+        without_inductor(monkeypatch)
+
+
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_precomputed_reference_starts_at_log_2(jit_compile):
+def test_precomputed_reference_starts_at_log_2(jit_compile, monkeypatch):
+    no_inductor(jit_compile, monkeypatch)
     policy = tiny_lm()
     data = precompute_reference_logps(policy, toy_data(n=4))
     assert data["reference_chosen_logps"].shape == (4,)
@@ -187,7 +196,8 @@ def test_precomputed_reference_starts_at_log_2(jit_compile):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_lora_policy_against_its_base(jit_compile):
+def test_lora_policy_against_its_base(jit_compile, monkeypatch):
+    no_inductor(jit_compile, monkeypatch)
     policy = tiny_lm()
     base = copy_model(policy)  # the weights before LoRA
     policy.enable_lora(2, target=("query", "value"))
