@@ -10,7 +10,7 @@ errors name the fix."""
 import keras
 import numpy as np
 import pytest
-from contracts import assert_close, to_numpy
+from contracts import assert_close, compiled_cached_call, to_numpy
 from test_gated_deltanet import _config as linear_attention_config
 
 from keras_transformers import from_preset
@@ -89,15 +89,22 @@ def _decode_rows_as_alone(lm, spare_rows, span=None):
     rng = np.random.default_rng(0)
     vocabulary = lm.backbone.config.vocabulary_size
     steps = rng.integers(1, vocabulary, (3, len(PROMPTS)))  # fed tokens
+    # On JAX one program per shape, as generation runs them (the rows'
+    # steps traced under `attending_to(span)`); eager elsewhere.
+    prefill, step = (
+        compiled_cached_call(lm, traced_index=False),
+        compiled_cached_call(lm),
+    )
+    rows_step = compiled_cached_call(lm)
     alone, caches = [], []
     for row, prompt in enumerate(PROMPTS):
         cache = lm.backbone.init_cache(1, BUFFER)
-        _, cache = lm.call_with_cache(np.array([prompt], "int32"), cache, 0)
+        _, cache = prefill(np.array([prompt], "int32"), cache, 0)
         caches.append(cache)
         logits = []
         for k, token in enumerate(steps[:, row]):
             ids = np.array([[token]], "int32")
-            out, cache = lm.call_with_cache(ids, cache, len(prompt) + k)
+            out, cache = step(ids, cache, len(prompt) + k)
             logits.append(to_numpy(out)[0, 0])
         alone.append(logits)
     spare = keras.tree.map_structure(
@@ -109,9 +116,7 @@ def _decode_rows_as_alone(lm, spare_rows, span=None):
         index = np.array([len(p) + k for p in PROMPTS], "int32")
         ids = steps[k][:, None].astype("int32")
         with row_cache.attending_to(span):
-            out, cache = lm.call_with_cache(
-                ids, cache, keras.ops.convert_to_tensor(index)
-            )
+            out, cache = rows_step(ids, cache, keras.ops.convert_to_tensor(index))
         assert to_numpy(out).shape[0] == len(PROMPTS)
         for row in range(len(PROMPTS)):
             assert_close(to_numpy(out)[row, 0], alone[row][k], atol=1e-5)
