@@ -27,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -99,6 +100,30 @@ def gemma3_270m(directory=None) -> Path:
         return _from_gguf(Path(gguf), Gemma3TextConfig, Gemma3ForCausalLM, target)
 
 
+@contextlib.contextmanager
+def _one_parse_per_file():
+    """transformers reads a GGUF file's metadata for the config, again for
+    the weights and again for the tokenizer, each a new `gguf.GGUFReader`
+    (Gemma 3's 262k-token vocabulary: about 10 s of Python each, on 2 CPU
+    cores); inside this context each file is parsed once. Readers are
+    read-only views of the file."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _from_gguf(gguf: Path, config_cls, model_cls, target: Path) -> Path:
     """Writes the GGUF file `gguf` as a float32 safetensors directory
     `target` with its tokenizer: transformers dequantises it, and a plain
@@ -107,10 +132,11 @@ def _from_gguf(gguf: Path, config_cls, model_cls, target: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    quantised = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _one_parse_per_file():
+        quantised = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     fields = quantised.config.to_dict()
     for key in ("quantization_config", "architectures", "model_type", "_name_or_path"):
         fields.pop(key, None)
