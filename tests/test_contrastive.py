@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from contracts import to_numpy, toy_run_env
+from contracts import compiled_forward, to_numpy, toy_run_env
 
 from keras_transformers.models import BertBackbone, TextEmbedder
 from keras_transformers.preprocessing import BertPreprocessor, WordPieceTokenizer
@@ -147,11 +147,11 @@ def test_model_loss_and_accuracy_equal_numpy(embedder):
             "token_ids": ids.reshape(-1, ids.shape[-1]),
             "padding_mask": data[f"{name}_padding_mask"].reshape(-1, ids.shape[-1]),
         }
-        side[name] = to_numpy(embedder(flat))
+        side[name] = to_numpy(compiled_forward(embedder, flat))
     n = side["negative"].reshape(8, 2, -1)
     expected = np_loss(side["anchor"], side["positive"], n, 10.0, symmetric=True)
     np.testing.assert_allclose(logs["loss"], expected, rtol=1e-4)
-    out = to_numpy(model(data))  # [B, 2 + K, D]
+    out = to_numpy(compiled_forward(model, data))  # [B, 2 + K, D]
     assert out.shape == (8, 4, 32)
     np.testing.assert_allclose(out[:, 0], side["anchor"], atol=1e-5)
     np.testing.assert_allclose(out[:, 2:], n, atol=1e-5)
