@@ -91,10 +91,8 @@ def _decode_rows_as_alone(lm, spare_rows, span=None):
     steps = rng.integers(1, vocabulary, (3, len(PROMPTS)))  # fed tokens
     # On JAX one program per shape, as generation runs them (the rows'
     # steps traced under `attending_to(span)`); eager elsewhere.
-    prefill, step = (
-        compiled_cached_call(lm, traced_index=False),
-        compiled_cached_call(lm),
-    )
+    prefill = compiled_cached_call(lm, traced_index=False)
+    step = compiled_cached_call(lm)
     rows_step = compiled_cached_call(lm)
     alone, caches = [], []
     for row, prompt in enumerate(PROMPTS):
