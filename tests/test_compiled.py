@@ -369,6 +369,55 @@ def test_tensorflow_keeps_the_traced_step_after_a_fit_fails_later(backend, monke
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 3
 
 
+def test_tensorflow_updates_the_weights_after_the_backward_pass(backend, monkeypatch):
+    """In a traced TensorFlow step every write of the optimizer (AdamW's
+    weight decay included, which needs no gradient) waits for the
+    gradients. Run at the step's start, the decay wrote a copy of every
+    weight that the backward pass still read."""
+    if backend != "tensorflow":
+        pytest.skip("tf.function's graphs")
+    import tensorflow as tf
+
+    model, ids = _compiled_tiny_lm(optimizer="adamw")
+    model.compile(
+        optimizer="adamw", loss=MaskedSparseCategoricalCrossentropy(from_logits=True)
+    )
+    graphs = []
+    step = type(model).train_step
+    monkeypatch.setattr(
+        type(model),
+        "train_step",
+        lambda self, d: (
+            graphs.append(tf.compat.v1.get_default_graph()) or step(self, d)
+        ),
+    )
+    model.fit(ids, ids, batch_size=4, verbose=0)
+
+    writes = ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
+    (graph,) = graphs
+    updates = [
+        op
+        for op in graph.get_operations()
+        if op.type in writes and op.name.startswith(model.optimizer.name + "/")
+    ]
+    # AdamW writes each weight twice (decay, update) and its two moments.
+    assert len(updates) >= 4 * len(model.trainable_weights)
+    for op in updates:
+        assert any(a.name.startswith("gradient_tape/") for a in _ancestors(op)), op.name
+
+
+def _ancestors(op):
+    """Every operation `op` depends on, by data or control."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
 def test_tensorflow_frees_the_traces_of_a_dropped_model(backend):
     """A model fitted (with a Keras optimizer given by name) and dropped
     leaves none of its traced graphs behind: Keras' gradient all-reduce

@@ -59,11 +59,13 @@ def run_eagerly(fn, *args, **kwargs):
 
 def prepare_tensorflow_step(model):
     """On TensorFlow, before `model`'s train function is traced: its
-    optimizer built (`build_optimizer_first`) and its traces collectable
-    (`collectable_traces`). Nothing elsewhere."""
+    optimizer built (`build_optimizer_first`), its traces collectable
+    (`collectable_traces`) and its update run after the backward pass
+    (`update_after_gradients`). Nothing elsewhere."""
     if keras.config.backend() == "tensorflow":
         build_optimizer_first(model)
         collectable_traces(getattr(model, "optimizer", None))
+        update_after_gradients(getattr(model, "optimizer", None))
 
 
 def build_before_tracing(model, iterator=None, data_batch=None):
@@ -147,6 +149,42 @@ def collectable_traces(optimizer):
             continue
         keras_sum = each._all_reduce_sum_gradients
         each._all_reduce_sum_gradients = functools.partial(_one_replica_sum, keras_sum)
+
+
+def update_after_gradients(optimizer):
+    """`optimizer`'s update in a traced TensorFlow step waits for every
+    gradient, as `optimizer.step()` follows `backward()` in PyTorch.
+
+    TensorFlow's executor runs an operation as soon as its inputs exist,
+    and Keras' decoupled weight decay (`AdamW`'s `w -= lr * rate * w`)
+    needs no gradient: it would run at the step's start, while the forward
+    pass still holds every weight for its backward pass, and TensorFlow
+    writes to a copy of a variable that another tensor still reads: a
+    second copy of every decayed weight at the step's peak. SmolLM2-135M's
+    shape at 2,048 tokens on a 2-core CPU (AdamW, alternating processes):
+    TensorFlow's peak allocation 4.71-4.91 GB without this ordering,
+    4.24-4.31 GB with it; the process's peak resident memory 7.45-7.71 GB
+    against 6.96-7.05 GB, at the same step time. The numbers are the same
+    either way (the update reads what it read before). Eager updates
+    (outside `tf.function`) run as they are."""
+    if optimizer is None or "apply" in vars(optimizer):
+        return
+    optimizer.apply = functools.partial(_apply_after_gradients, optimizer.apply)
+
+
+def _apply_after_gradients(keras_apply, grads, trainable_variables=None):
+    import tensorflow as tf
+
+    grads = list(grads)
+    if tf.executing_eagerly():
+        return keras_apply(grads, trainable_variables)
+    # One operation that waits for all gradients, and each update on it
+    # alone: a control edge from every gradient to every update operation
+    # (SmolLM2's shape: 270 x about 3,000) took 1.9 GB more resident memory
+    # and a 25% slower first step to optimize the graph.
+    backward = tf.group(*[g for g in grads if g is not None])
+    with tf.control_dependencies([backward]):
+        return keras_apply(grads, trainable_variables)
 
 
 def _one_replica_sum(keras_sum, grads_and_vars):
