@@ -33,7 +33,7 @@ from keras_transformers.models import (
     ViTClassifier,
 )
 from keras_transformers.training.losses import MaskedSparseCategoricalCrossentropy
-from tests.contracts import assert_close, without_inductor
+from tests.contracts import assert_close, graph_ancestors, without_inductor
 
 BATCH, STEPS, LENGTH = 4, 3, 8
 
@@ -403,19 +403,9 @@ def test_tensorflow_updates_the_weights_after_the_backward_pass(backend, monkeyp
     # AdamW writes each weight twice (decay, update) and its two moments.
     assert len(updates) >= 4 * len(model.trainable_weights)
     for op in updates:
-        assert any(a.name.startswith("gradient_tape/") for a in _ancestors(op)), op.name
-
-
-def _ancestors(op):
-    """Every operation `op` depends on, by data or control."""
-    seen, todo = set(), [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
+        assert any(a.name.startswith("gradient_tape/") for a in graph_ancestors(op)), (
+            op.name
+        )
 
 
 def test_tensorflow_frees_the_traces_of_a_dropped_model(backend):
