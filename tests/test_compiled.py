@@ -319,15 +319,24 @@ def test_compiled_training_refuses_torch_that_drops_router_losses():
 def _tf_lm_counting_traces(monkeypatch, step_name="train_step", **compile_args):
     """A 1-layer `gpt2_tiny` compiled for TensorFlow's traced `fit` (AdamW;
     `compile_args` such as metrics), its [4, 8] token ids, and a list that
-    grows by one per trace of its `step_name` (`train_step`, `test_step`)."""
+    grows by one per trace of its `step_name` (`train_step`, `test_step`):
+    the graph being traced."""
+    import tensorflow as tf
+
     model, ids = _compiled_tiny_lm(optimizer="adamw")
     model.compile(
-        loss=MaskedSparseCategoricalCrossentropy(from_logits=True), **compile_args
+        optimizer="adamw",
+        loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
+        **compile_args,
     )
     traces = []
     step = getattr(type(model), step_name)
     monkeypatch.setattr(
-        type(model), step_name, lambda self, d: traces.append(1) or step(self, d)
+        type(model),
+        step_name,
+        lambda self, d: (
+            traces.append(tf.compat.v1.get_default_graph()) or step(self, d)
+        ),
     )
     return model, ids, traces
 
@@ -372,25 +381,11 @@ def test_tensorflow_keeps_the_traced_step_after_a_fit_fails_later(backend, monke
 def test_tensorflow_updates_the_weights_after_the_backward_pass(backend, monkeypatch):
     """In a traced TensorFlow step every write of the optimizer (AdamW's
     weight decay included, which needs no gradient) waits for the
-    gradients. Run at the step's start, the decay wrote a copy of every
-    weight that the backward pass still read."""
+    gradients. Run at the step's start, the decay would write a copy of
+    every weight that the backward pass still reads."""
     if backend != "tensorflow":
         pytest.skip("tf.function's graphs")
-    import tensorflow as tf
-
-    model, ids = _compiled_tiny_lm(optimizer="adamw")
-    model.compile(
-        optimizer="adamw", loss=MaskedSparseCategoricalCrossentropy(from_logits=True)
-    )
-    graphs = []
-    step = type(model).train_step
-    monkeypatch.setattr(
-        type(model),
-        "train_step",
-        lambda self, d: (
-            graphs.append(tf.compat.v1.get_default_graph()) or step(self, d)
-        ),
-    )
+    model, ids, graphs = _tf_lm_counting_traces(monkeypatch)
     model.fit(ids, ids, batch_size=4, verbose=0)
 
     writes = ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
