@@ -323,8 +323,8 @@ def _tf_lm_counting_traces(monkeypatch, step_name="train_step", **compile_args):
     the graph being traced."""
     import tensorflow as tf
 
-    model, ids = _compiled_tiny_lm(optimizer="adamw")
-    model.compile(
+    model, ids = _compiled_tiny_lm()
+    model.compile(  # TensorFlow's traced step, not `jit_compile=True`
         optimizer="adamw",
         loss=MaskedSparseCategoricalCrossentropy(from_logits=True),
         **compile_args,

@@ -64,8 +64,9 @@ def prepare_tensorflow_step(model):
     (`update_after_gradients`). Nothing elsewhere."""
     if keras.config.backend() == "tensorflow":
         build_optimizer_first(model)
-        collectable_traces(getattr(model, "optimizer", None))
-        update_after_gradients(getattr(model, "optimizer", None))
+        optimizer = getattr(model, "optimizer", None)
+        collectable_traces(optimizer)
+        update_after_gradients(optimizer)
 
 
 def build_before_tracing(model, iterator=None, data_batch=None):
